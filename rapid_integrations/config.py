@@ -1,0 +1,118 @@
+"""`RapidConfig`: every knob of a RAPID call, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .errors import RapidConfigError
+
+Residual = Literal["paper", "exact"]
+TailGuard = Literal["paper", "draft", "none"]
+Truncation = Literal["error", "head_tail"]
+RetrievalFallback = Literal["builtin", "lc", "raise"]
+
+
+@dataclass(frozen=True)
+class RapidConfig:
+    """Decoding and retrieval settings. Every field can be overridden per call.
+
+    Algorithm fields follow DESIGN.md section 2 (paper notation):
+      eta         transfer strength of p_hat = softmax(z/T + eta (q - p)); 0 gives plain
+                  speculative decoding, whose output follows the target exactly.
+      gamma       draft tokens proposed per target verify pass.
+      residual    "paper": norm(max(p - p_hat, p - q, 0)) (the paper's rule);
+                  "exact": norm(max(p_hat - q, 0)), under which every token follows p_hat.
+      tail_guard  "paper" (default): tokens with p_hat(v) < tail_ratio * max p_hat keep p(v);
+                  "draft" (the authors' code): the shift is applied only where
+                  q(v) >= tail_ratio * max q; "none": no guard.
+    """
+
+    eta: float = 5.0
+    gamma: int = 8
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    residual: Residual = "paper"
+    tail_guard: TailGuard = "paper"
+    tail_ratio: float = 0.1
+    ignore_eos: bool = False
+    prefill_chunk_size: int = 512
+    truncation: Truncation = "error"
+    retrieval_budget: int | None = None
+    retrieval_chunk_tokens: int = 512
+    retrieval_threshold: float = 0.3
+    retrieval_top_k: int | None = None
+    retrieval_fallback: RetrievalFallback = "builtin"
+    retrieval_timeout: float | None = 30.0
+    query_fn: Callable[[str], str] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif isinstance(self.stop, list):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        for name, check, message in _CHECKS:
+            if not check(getattr(self, name)):
+                raise RapidConfigError(name, f"{message}, got {getattr(self, name)!r}")
+
+    def replace(self, **overrides: Any) -> RapidConfig:
+        """A copy with `overrides` applied; unknown names raise `RapidConfigError`."""
+        known = {f.name for f in dataclasses.fields(self)}
+        for name in overrides:
+            if name not in known:
+                raise RapidConfigError(name, f"unknown RapidConfig field; known: {sorted(known)}")
+        return dataclasses.replace(self, **overrides)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or check(v)
+
+
+_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("eta", lambda v: _real(v) and v >= 0, "must be a finite number >= 0"),
+    ("gamma", lambda v: _int(v) and 1 <= v <= 64, "must be an integer in [1, 64]"),
+    ("temperature", lambda v: _real(v) and v >= 0, "must be a finite number >= 0"),
+    ("top_p", lambda v: _real(v) and 0 < v <= 1, "must be in (0, 1]"),
+    ("max_new_tokens", lambda v: _int(v) and v >= 1, "must be an integer >= 1"),
+    (
+        "stop",
+        lambda v: isinstance(v, tuple) and all(isinstance(s, str) and s for s in v),
+        "must be a string or a sequence of non-empty strings",
+    ),
+    ("seed", _optional(_int), "must be an integer or None"),
+    ("residual", lambda v: v in ("paper", "exact"), "must be 'paper' or 'exact'"),
+    ("tail_guard", lambda v: v in ("paper", "draft", "none"), "must be 'paper', 'draft' or 'none'"),
+    ("tail_ratio", lambda v: _real(v) and 0 <= v < 1, "must be in [0, 1)"),
+    ("ignore_eos", lambda v: isinstance(v, bool), "must be a bool"),
+    ("prefill_chunk_size", lambda v: _int(v) and v >= 1, "must be an integer >= 1"),
+    ("truncation", lambda v: v in ("error", "head_tail"), "must be 'error' or 'head_tail'"),
+    ("retrieval_budget", _optional(lambda v: _int(v) and v >= 1), "must be an integer >= 1 or None"),
+    ("retrieval_chunk_tokens", lambda v: _int(v) and v >= 8, "must be an integer >= 8"),
+    ("retrieval_threshold", lambda v: _real(v) and -1 <= v <= 1, "must be in [-1, 1]"),
+    ("retrieval_top_k", _optional(lambda v: _int(v) and v >= 1), "must be an integer >= 1 or None"),
+    (
+        "retrieval_fallback",
+        lambda v: v in ("builtin", "lc", "raise"),
+        "must be 'builtin', 'lc' or 'raise'",
+    ),
+    ("retrieval_timeout", _optional(lambda v: _real(v) and v > 0), "must be a number > 0 or None"),
+    ("query_fn", _optional(callable), "must be a callable str -> str or None"),
+)

@@ -1,0 +1,48 @@
+"""Errors the package raises on purpose. Everything derives from `RapidError`."""
+
+from __future__ import annotations
+
+
+class RapidError(Exception):
+    """Base class of every error rapid-integrations raises on purpose."""
+
+
+class RapidConfigError(RapidError, ValueError):
+    """An invalid configuration value. `field` names the offending `RapidConfig` field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class RapidInputError(RapidError, ValueError):
+    """A prompt, message list or argument the engine cannot use (empty, wrong type, bad role)."""
+
+
+class ContextWindowExceededError(RapidError, ValueError):
+    """A prompt longer than the model's context window (sizes in tokens)."""
+
+    def __init__(self, prompt_tokens: int, context_window: int, model: str = "target") -> None:
+        super().__init__(
+            f"the {model} prompt has {prompt_tokens} tokens but the {model} model's context "
+            f"window is {context_window} tokens (at least one token must be left to generate); "
+            "shorten the prompt or pass truncation='head_tail' to keep its head and tail"
+        )
+        self.prompt_tokens = prompt_tokens
+        self.context_window = context_window
+
+
+class VocabularyMismatchError(RapidError, ValueError):
+    """Draft and target do not share token ids, so draft tokens cannot be verified."""
+
+
+class ModelNotFoundError(RapidError, FileNotFoundError):
+    """A model (or the embedded default) is not where it was asked for; the message says how to get it."""
+
+
+class NumericalError(RapidError, FloatingPointError):
+    """A model produced NaN or infinite logits; nothing is sampled from them."""
+
+
+class RetrievalError(RapidError):
+    """A retriever failed and the configured fallback is to raise."""
