@@ -104,7 +104,11 @@ _CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("ignore_eos", lambda v: isinstance(v, bool), "must be a bool"),
     ("prefill_chunk_size", lambda v: _int(v) and v >= 1, "must be an integer >= 1"),
     ("truncation", lambda v: v in ("error", "head_tail"), "must be 'error' or 'head_tail'"),
-    ("retrieval_budget", _optional(lambda v: _int(v) and v >= 1), "must be an integer >= 1 or None"),
+    (
+        "retrieval_budget",
+        _optional(lambda v: _int(v) and v >= 1),
+        "must be an integer >= 1 or None",
+    ),
     ("retrieval_chunk_tokens", lambda v: _int(v) and v >= 8, "must be an integer >= 8"),
     ("retrieval_threshold", lambda v: _real(v) and -1 <= v <= 1, "must be in [-1, 1]"),
     ("retrieval_top_k", _optional(lambda v: _int(v) and v >= 1), "must be an integer >= 1 or None"),

@@ -82,7 +82,9 @@ def ensure_default_model(progress: bool = True) -> Path:
     return target
 
 
-def _load_gguf(path: Path, progress: bool = True) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load_gguf(
+    path: Path, progress: bool = True
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -94,7 +96,7 @@ def _load_gguf(path: Path, progress: bool = True) -> tuple[PreTrainedModel, PreT
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -> torch.dtype:
-    """"auto" / None -> bfloat16 on CUDA, float32 elsewhere; names like "bf16" accepted."""
+    """ "auto" / None -> bfloat16 on CUDA, float32 elsewhere; names like "bf16" accepted."""
     import torch
 
     if isinstance(dtype, torch.dtype):

@@ -1,0 +1,66 @@
+"""The proposer role: a draft model that proposes gamma tokens and learns what was kept.
+
+Two methods, after transformers' candidate generators: `propose` and `commit`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from .config import RapidConfig
+from .kv import KVState
+from .sampling import log_probs
+
+
+class Proposer(Protocol):
+    def propose(self, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft `gamma` tokens: ids [gamma] and their sampling distributions q [gamma, V]
+        (None when the verdict does not need q: greedy with eta = 0)."""
+        ...
+
+    def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
+        """The target kept the first `accepted` of the `gamma` drafts, then emitted `token` [1]."""
+        ...
+
+
+class ModelProposer:
+    """Drafts with a causal LM over its own (short) prompt and KV cache."""
+
+    def __init__(self, state: KVState, config: RapidConfig, generator: torch.Generator) -> None:
+        self.state = state
+        self._cfg = config
+        self._gen = generator
+        self._need_q = not (config.greedy and config.eta == 0)
+        self._last = state.pending[:0]
+
+    def propose(self, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logits = self.state.feed()[-1]
+        xs, qs = [], []
+        for i in range(gamma):
+            x, q = self._pick(logits)
+            xs.append(x)
+            qs.append(q)
+            if i + 1 < gamma:
+                logits = self.state.feed(x)[-1]
+        self._last = xs[-1]
+        return torch.cat(xs), (torch.stack(qs) if self._need_q else None)
+
+    def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One draft token [1] from logits [V], with q [V] when needed."""
+        if self._cfg.greedy:
+            q = log_probs(logits[None], 0.0, 1.0)[0].exp() if self._need_q else None
+            return logits.argmax(-1, keepdim=True), q
+        q = log_probs(logits[None], self._cfg.temperature, self._cfg.top_p)[0].exp()
+        return torch.multinomial(q, 1, generator=self._gen), q
+
+    def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
+        # The draft has read its pending tokens and x_1..x_{gamma-1}; x_gamma was never fed.
+        if accepted < gamma:
+            self.state.rollback(gamma - 1 - accepted)
+            self.state.append(token)
+        elif gamma == 0:
+            self.state.append(token)
+        else:
+            self.state.append(torch.cat([self._last, token.to(self._last.device)]))

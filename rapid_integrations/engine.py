@@ -1,0 +1,314 @@
+"""`RapidEngine`: prefill, draft, verify, commit — retrieval-augmented speculative decoding.
+
+The loop (`speculate`) is gpt-fast-sized: the proposer drafts gamma tokens on its short
+context, the target reads them in one pass, `verify.verdict` keeps a prefix plus one token, and
+both KV caches are rolled back to what was kept. Modes reuse the same loop:
+  rapid  draft reads the retrieved prompt, p_hat leans toward it (eta)
+  sd     draft reads the full prompt, eta = 0 (plain speculative decoding)
+  lc     target alone (gamma = 0: every pass emits the target's own token)
+  rag    draft model alone on the retrieved prompt
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .config import RapidConfig
+from .drafting import ModelProposer, Proposer
+from .errors import (
+    ContextWindowExceededError,
+    RapidConfigError,
+    RapidInputError,
+    VocabularyMismatchError,
+)
+from .kv import KVState
+from .models import load_default, load_model
+from .outputs import FinishReason, RapidOutput, RapidStats, RapidStream
+from .tokens import Detokenizer, Prompt, encode_prompt, is_chat, stop_token_ids
+from .verify import verdict
+
+MODES = ("rapid", "sd", "lc", "rag")
+
+
+def speculate(
+    target: KVState,
+    proposer: Proposer | None,
+    cfg: RapidConfig,
+    gen: torch.Generator,
+    budget: Callable[[], int],
+    stats: RapidStats,
+) -> Iterator[list[int]]:
+    """Yield the tokens committed by each target pass (accepted drafts, then one more).
+
+    `budget()` is how many tokens may still be emitted; drafting never proposes past it.
+    """
+    while True:
+        gamma = min(cfg.gamma, budget() - 1) if proposer else 0
+        x, q = proposer.propose(gamma) if proposer and gamma > 0 else (target.pending[:0], None)
+        z = target.feed(x)
+        n, token = verdict(z, x, q, cfg, gen)
+        target.rollback(gamma - n)
+        target.append(token)
+        if proposer:
+            proposer.commit(n, gamma, token)
+        stats.drafted_tokens += gamma
+        stats.accepted_tokens += n
+        yield x[:n].tolist() + token.tolist()
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Which model decodes which ids for one call."""
+
+    main: PreTrainedModel
+    ids: list[int]
+    window: int
+    draft_ids: list[int] | None
+    cfg: RapidConfig
+
+
+class RapidEngine:
+    """Retrieval-augmented speculative decoding over Hugging Face causal LMs.
+
+    target / draft: a transformers model, or a local folder / GGUF file / hub id to load.
+    draft=None is self-speculation: the target object drafts too (loaded once, two caches).
+    The draft may sit on another device; it must share the target's token ids.
+    """
+
+    def __init__(
+        self,
+        target: Any,
+        draft: Any = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        config: RapidConfig | None = None,
+        *,
+        retriever: Any = None,
+        device: str | torch.device | None = None,
+        draft_device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        draft_tokenizer: PreTrainedTokenizerBase | None = None,
+    ) -> None:
+        self.target, loaded_tok = load_model(target, device=device, dtype=dtype)
+        self.tokenizer = tokenizer or loaded_tok
+        if self.tokenizer is None:
+            raise RapidInputError("no tokenizer found for the target model; pass tokenizer=")
+        if draft is None or draft is target:
+            self.draft, draft_tok = self.target, None
+        else:
+            self.draft, draft_tok = load_model(draft, device=draft_device or device, dtype=dtype)
+        self.vocab_size = _shared_vocab(
+            self.tokenizer, self.target, self.draft, draft_tokenizer or draft_tok
+        )
+        self.config = config or RapidConfig()
+        self.retriever = retriever
+        configs = {
+            id(m): m.generation_config for m in (self.target, self.draft) if m.generation_config
+        }
+        self.eos_token_ids = stop_token_ids(self.tokenizer, configs.values())
+
+    @classmethod
+    def from_default(
+        cls,
+        draft: Any = None,
+        *,
+        retriever: Any = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        **config: Any,
+    ) -> RapidEngine:
+        """An engine on the embedded SmolLM2-135M-Instruct (self-speculation unless `draft`)."""
+        model, tokenizer = load_default(device=device, dtype=dtype)
+        return cls(model, draft, tokenizer, RapidConfig().replace(**config), retriever=retriever)
+
+    @property
+    def model_name(self) -> str:
+        return str(getattr(self.target.config, "_name_or_path", "") or type(self.target).__name__)
+
+    @property
+    def context_window(self) -> int:
+        """The target's window in tokens (prompt and generated tokens together)."""
+        return _window(self.target)
+
+    def count_tokens(self, prompt: Prompt) -> int:
+        """Tokens the target would read for `prompt`."""
+        return len(encode_prompt(prompt, self.tokenizer, self.vocab_size))
+
+    def generate(
+        self,
+        prompt: Prompt,
+        draft_prompt: Prompt | None = None,
+        mode: str = "rapid",
+        **overrides: Any,
+    ) -> RapidOutput:
+        """Generate a completion. `overrides` are `RapidConfig` fields for this call, plus
+        `retriever=` and `query=` for building the draft prompt when `draft_prompt` is None."""
+        run = self._run(prompt, draft_prompt, mode, overrides)
+        while True:
+            try:
+                next(run)
+            except StopIteration as done:
+                return done.value
+
+    def stream(
+        self,
+        prompt: Prompt,
+        draft_prompt: Prompt | None = None,
+        mode: str = "rapid",
+        **overrides: Any,
+    ) -> RapidStream:
+        """Like `generate`, but iterate text deltas as tokens are committed; `.output` at the end."""
+        return RapidStream(self._run(prompt, draft_prompt, mode, overrides))
+
+    @torch.inference_mode()
+    def _run(
+        self, prompt: Prompt, draft_prompt: Prompt | None, mode: str, overrides: dict[str, Any]
+    ) -> Generator[str, None, RapidOutput]:
+        start = time.perf_counter()
+        plan, stats = self._plan(prompt, draft_prompt, mode, overrides)
+        cfg = plan.cfg
+        gen = torch.Generator(plan.main.device).manual_seed(stats.seed)
+        target = KVState.start(plan.main, plan.ids, self.vocab_size, cfg.prefill_chunk_size)
+        proposer = None
+        if plan.draft_ids is not None:
+            same = self.draft.device == plan.main.device
+            draft_gen = (
+                gen if same else torch.Generator(self.draft.device).manual_seed(stats.seed + 1)
+            )
+            draft = KVState.start(
+                self.draft, plan.draft_ids, self.vocab_size, cfg.prefill_chunk_size
+            )
+            proposer = ModelProposer(draft, cfg, draft_gen)
+        decode_start = time.perf_counter()
+        stats.prefill_seconds = decode_start - start
+
+        limit = min(cfg.max_new_tokens, plan.window - len(plan.ids))
+        detok = Detokenizer(self.tokenizer, cfg.stop)
+        eos = frozenset() if cfg.ignore_eos else self.eos_token_ids
+        steps = speculate(target, proposer, cfg, gen, lambda: limit - len(detok.ids), stats)
+        for token in itertools.chain.from_iterable(steps):
+            stats.time_to_first_token = stats.time_to_first_token or time.perf_counter() - start
+            delta, finish = _commit(token, detok, eos, limit)
+            if delta:
+                yield delta
+            if finish:
+                break
+
+        stats.decode_seconds = time.perf_counter() - decode_start
+        stats.new_tokens = len(detok.ids)
+        stats.target_forward_passes = target.forward_passes
+        stats.draft_forward_passes = proposer.state.forward_passes if proposer else 0
+        return RapidOutput(detok.text, detok.ids, finish, stats.finalize(), len(plan.ids))
+
+    def _plan(
+        self, prompt: Prompt, draft_prompt: Prompt | None, mode: str, overrides: dict[str, Any]
+    ) -> tuple[_Plan, RapidStats]:
+        """Validate the call, encode both prompts, and choose who decodes what."""
+        if mode not in MODES:
+            raise RapidConfigError("mode", f"must be one of {MODES}, got {mode!r}")
+        retriever = overrides.pop("retriever", self.retriever)
+        query = overrides.pop("query", None)
+        cfg = self.config.replace(**overrides)
+        if mode == "sd":
+            cfg = cfg.replace(eta=0.0)
+        seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**62)
+        stats = RapidStats(mode=mode, eta=cfg.eta, gamma=cfg.gamma, seed=seed)
+        ids = self._fit(encode_prompt(prompt, self.tokenizer, self.vocab_size), self.target, cfg)
+        if mode in ("rapid", "rag") and draft_prompt is None:
+            draft_prompt, mode = self._retrieve(prompt, ids, retriever, query, cfg, stats, mode)
+        draft_ids = None
+        if mode in ("rapid", "rag"):
+            draft_ids = self._fit(
+                encode_prompt(draft_prompt, self.tokenizer, self.vocab_size), self.draft, cfg
+            )
+        elif mode == "sd":
+            draft_ids = self._fit(ids, self.draft, cfg)
+        stats.mode = mode
+        stats.target_context_tokens = len(ids)
+        stats.draft_context_tokens = len(draft_ids or ())
+        if mode == "rag":
+            return _Plan(self.draft, draft_ids, _window(self.draft), None, cfg), stats
+        return _Plan(self.target, ids, _window(self.target), draft_ids, cfg), stats
+
+    def _retrieve(
+        self,
+        prompt: Prompt,
+        ids: list[int],
+        retriever: Any,
+        query: str | None,
+        cfg: RapidConfig,
+        stats: RapidStats,
+        mode: str,
+    ) -> tuple[Prompt, str]:
+        """Build the draft prompt by retrieval; returns it and the mode to run (lc on fallback)."""
+        from .prompts import prepare_draft_prompt
+
+        source = (
+            prompt if isinstance(prompt, str) or is_chat(prompt) else self.tokenizer.decode(ids)
+        )
+        built = prepare_draft_prompt(
+            source, self.tokenizer, retriever=retriever, query=query, config=cfg
+        )
+        stats.retrieved_tokens = built.retrieved_tokens
+        stats.retrieval_fallback = built.fallback
+        return built.prompt, ("lc" if built.target_only else mode)
+
+    def _fit(self, ids: list[int], model: PreTrainedModel, cfg: RapidConfig) -> list[int]:
+        """Enforce the model's window: raise, or keep head and tail under truncation='head_tail'."""
+        window = _window(model)
+        if len(ids) < window:
+            return ids
+        if cfg.truncation == "error":
+            which = "target" if model is self.target else "draft"
+            raise ContextWindowExceededError(len(ids), window, which)
+        keep = window - min(cfg.max_new_tokens, window // 4)
+        head = keep // 4
+        return ids[:head] + ids[len(ids) - (keep - head) :]
+
+
+def _commit(
+    token: int, detok: Detokenizer, eos: frozenset[int], limit: int
+) -> tuple[str, FinishReason | None]:
+    """Commit one token; return the text it releases and why generation ends, if it does."""
+    if token in eos:
+        return detok.finish(), "eos"
+    delta = detok.push(token)
+    if detok.stopped:
+        return delta, "stop"
+    if len(detok.ids) >= limit:
+        return delta + detok.finish(), "length"
+    return delta, None
+
+
+def _window(model: PreTrainedModel) -> int:
+    return int(getattr(model.config, "max_position_embeddings", 0) or 2**31)
+
+
+def _width(model: PreTrainedModel) -> int:
+    head = model.get_output_embeddings()
+    return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+
+
+def _shared_vocab(
+    tokenizer: PreTrainedTokenizerBase,
+    target: PreTrainedModel,
+    draft: PreTrainedModel,
+    draft_tokenizer: PreTrainedTokenizerBase | None,
+) -> int:
+    """The vocabulary width both models use: logit widths may differ only by padding."""
+    n, wt, wd = len(tokenizer), _width(target), _width(draft)
+    if wt != wd and min(wt, wd) < n:
+        raise VocabularyMismatchError(
+            f"target has {wt} output logits and draft {wd}, but the tokenizer has {n} tokens: "
+            "draft and target must share a vocabulary"
+        )
+    if draft_tokenizer is not None and draft_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise VocabularyMismatchError("draft and target tokenizers map tokens to different ids")
+    return min(n, wt, wd)

@@ -1,0 +1,89 @@
+"""What a call returns: `RapidOutput` with its `RapidStats`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["eos", "stop", "length"]
+
+
+@dataclass
+class RapidStats:
+    """Counters and timings of one call (seconds, tokens). Plain data: `to_dict()` is JSON-ready."""
+
+    mode: str = "rapid"
+    eta: float = 0.0
+    gamma: int = 0
+    seed: int | None = None
+    target_context_tokens: int = 0
+    draft_context_tokens: int = 0
+    retrieved_tokens: int = 0
+    retrieval_fallback: str | None = None
+    cached_prefix_tokens: int = 0
+    new_tokens: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    acceptance_rate: float = 0.0
+    target_forward_passes: int = 0
+    draft_forward_passes: int = 0
+    prefill_seconds: float = 0.0
+    time_to_first_token: float = 0.0
+    decode_seconds: float = 0.0
+    decode_tokens_per_second: float = 0.0
+    mean_accepted_per_pass: float = 0.0
+
+    def finalize(self) -> RapidStats:
+        """Fill the derived rates from the counters; returns self."""
+        self.acceptance_rate = (
+            self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+        )
+        self.decode_tokens_per_second = (
+            self.new_tokens / self.decode_seconds if self.decode_seconds else 0.0
+        )
+        passes = self.target_forward_passes
+        self.mean_accepted_per_pass = self.accepted_tokens / passes if passes else 0.0
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class RapidOutput:
+    """The generated text and ids (end-of-sequence token and stop string excluded)."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    stats: RapidStats = field(default_factory=RapidStats)
+    prompt_tokens: int = 0
+
+
+class RapidStream(Iterator[str]):
+    """Iterator of text deltas; `output` holds the `RapidOutput` once it is exhausted.
+
+    Closing it (or dropping it) stops generation and frees its KV caches.
+    """
+
+    def __init__(self, run: Generator[str, None, RapidOutput]) -> None:
+        self._run = run
+        self.output: RapidOutput | None = None
+
+    def __next__(self) -> str:
+        try:
+            return next(self._run)
+        except StopIteration as done:
+            self.output = done.value
+            raise
+
+    def close(self) -> None:
+        self._run.close()
+
+    def __enter__(self) -> RapidStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

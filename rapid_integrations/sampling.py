@@ -1,0 +1,111 @@
+"""The RAPID acceptance math, pure and in the paper's notation.
+
+Chen et al., "Long-Context Inference with Retrieval-Augmented Speculative Decoding" (RAPID),
+ICML 2025, arXiv:2502.20330. Per draft position i (all tensors fp32 or wider, shape [k, V]):
+
+    z_i     target logits           p_i = softmax(z_i / T)   (after top-p filtering)
+    q_i     the draft's sampling distribution (same temperature and top-p)
+    p_hat_i = softmax(z_i / T + eta * (q_i - p_i))          retrieval-augmented target
+    gamma   number of draft tokens verified per target pass
+
+A draft token x ~ q_i is accepted with probability min(1, p_hat_i(x) / q_i(x)); on the first
+rejection a token is drawn from the residual. One emitted token then follows
+    P(x) = min(q(x), p_hat(x)) + (1 - sum_y min(q(y), p_hat(y))) * r(x)
+which equals p_hat exactly under residual="exact" and equals p when eta = 0 (the paper claims
+the output follows p for any eta; with eta > 0 it does not).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import NumericalError
+
+
+def log_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """[k, V] logits -> [k, V] log-probabilities at temperature T with nucleus filtering.
+
+    Temperature 0 (greedy) uses T = 1, as DESIGN.md 2.5 prescribes for p_hat. Filtered tokens
+    get -inf. Computed in at least fp32 whatever the model's dtype.
+    """
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if not torch.isfinite(z).all():
+        raise NumericalError("model produced NaN or infinite logits; refusing to sample")
+    logp = torch.log_softmax(z / (temperature or 1.0), dim=-1)
+    if top_p >= 1.0:
+        return logp
+    sorted_logp, order = logp.sort(dim=-1, descending=True)
+    # Keep the smallest prefix whose mass reaches top_p: a token is dropped when the mass
+    # strictly before it already reaches top_p (the top token is always kept).
+    sorted_p = sorted_logp.exp()
+    drop_sorted = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+
+
+def p_hat(
+    logp: torch.Tensor,
+    q: torch.Tensor,
+    eta: float,
+    tail_guard: str = "paper",
+    tail_ratio: float = 0.1,
+) -> torch.Tensor:
+    """Retrieval-augmented target p_hat = softmax(log p + eta * (q - p)), shape [k, V].
+
+    `logp` are the target's log-probabilities (softmax(z/T) differs from z/T by a constant per
+    row, so this is softmax(z/T + eta (q - p))). Tail guards (DESIGN.md 2.1):
+      "paper": where p_hat(v) < tail_ratio * max p_hat, use p(v) instead; renormalize.
+      "draft": apply the shift only where q(v) >= tail_ratio * max q (the authors' code).
+      "none":  no guard.
+    """
+    p = logp.exp()
+    if eta == 0:
+        return p
+    shift = eta * (q - p)
+    if tail_guard == "draft":
+        shift = shift * (q >= tail_ratio * q.amax(dim=-1, keepdim=True))
+    out = torch.softmax(logp + shift, dim=-1)
+    if tail_guard == "paper":
+        out = torch.where(out < tail_ratio * out.amax(dim=-1, keepdim=True), p, out)
+        out = out / out.sum(dim=-1, keepdim=True)
+    return out
+
+
+def accepted_count(
+    x: torch.Tensor, p_hat_x: torch.Tensor, q_x: torch.Tensor, u: torch.Tensor
+) -> int:
+    """Number of draft tokens accepted left to right (stops at the first rejection).
+
+    x: [gamma] draft tokens; p_hat_x, q_x: [gamma] their probabilities under p_hat and q;
+    u: [gamma] uniforms in [0, 1). Token i is accepted iff u_i < min(1, p_hat_i(x_i) / q_i(x_i)),
+    written u * q < p_hat so that no division by a tiny q happens.
+    """
+    rejected = ~(u * q_x < p_hat_x)
+    return int(rejected.int().argmax()) if bool(rejected.any()) else int(x.numel())
+
+
+def residual(
+    p: torch.Tensor, p_hat_n: torch.Tensor, q: torch.Tensor, rule: str = "paper"
+) -> torch.Tensor:
+    """Distribution to sample from after a rejection at position n, shape [V].
+
+    "paper": norm(max(p - p_hat, p - q, 0)); "exact": norm(max(p_hat - q, 0)).
+    A residual with no mass (p_hat == q, say) falls back to p.
+    """
+    if rule == "paper":
+        mass = torch.clamp(torch.maximum(p - p_hat_n, p - q), min=0)
+    else:
+        mass = torch.clamp(p_hat_n - q, min=0)
+    total = mass.sum()
+    return mass / total if total > 0 else p
+
+
+def one_step_law(
+    p: torch.Tensor, p_hat_n: torch.Tensor, q: torch.Tensor, rule: str = "paper"
+) -> torch.Tensor:
+    """The analytic law of one emitted token (DESIGN.md 2.6), shape [V].
+
+    P(x) = min(q(x), p_hat(x)) + (1 - sum_y min(q(y), p_hat(y))) * r(x).
+    """
+    overlap = torch.minimum(q, p_hat_n)
+    return overlap + (1 - overlap.sum()) * residual(p, p_hat_n, q, rule)

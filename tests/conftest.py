@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny random models for exactness, the embedded SmolLM2 for quality."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+from tests.tiny import char_tokenizer, tiny_llama  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tok():
+    return char_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def target(tok):
+    return tiny_llama(len(tok), seed=1)
+
+
+@pytest.fixture(scope="session")
+def draft(tok):
+    return tiny_llama(len(tok), seed=2, layers=1)
+
+
+@pytest.fixture(scope="session")
+def smol():
+    """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, fp32."""
+    from rapid_integrations.models import load_default
+
+    return load_default(dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def smol_engine(smol):
+    from rapid_integrations import RapidEngine
+
+    model, tokenizer = smol
+    return RapidEngine(model, tokenizer=tokenizer)

@@ -1,0 +1,62 @@
+"""Tiny random-weight Llama models and a character tokenizer, for exactness tests.
+
+Built from a config (no files, no hub). Weights use a large init scale so that next-token
+distributions are peaked: argmax margins are far above float noise, and acceptance varies.
+"""
+
+from __future__ import annotations
+
+import string
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def char_tokenizer(alphabet: str = string.ascii_lowercase[:12] + " .") -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: id 0 is </s> (end of sequence), 1 is <unk>."""
+    vocab = {"</s>": 0, "<unk>": 1}
+    for ch in alphabet + "<>/" + "".join(sorted(set("systemuserassistant"))):
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_llama(vocab: int, seed: int, layers: int = 2, hidden: int = 32, scale: float = 0.35,
+               window: int = 512, dtype: torch.dtype = torch.float64) -> LlamaForCausalLM:
+    """A random Llama with `vocab` logits; float64 so cache and no-cache paths agree exactly."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=window,
+        initializer_range=scale, eos_token_id=0, bos_token_id=None, pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(cfg).to(dtype).eval()
+
+
+@torch.inference_mode()
+def reference_greedy(model: LlamaForCausalLM, prompt: list[int], n: int, vocab: int) -> list[int]:
+    """The target's own greedy decoding, recomputed from scratch each step (no KV cache)."""
+    ids = list(prompt)
+    for _ in range(n):
+        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1, :vocab]
+        ids.append(int(logits.argmax()))
+    return ids[len(prompt):]
+
+
+@torch.inference_mode()
+def next_token_probs(model: LlamaForCausalLM, prompt: list[int], vocab: int,
+                     temperature: float = 1.0) -> torch.Tensor:
+    """p(. | prompt) at temperature T, computed without a cache, float64, shape [vocab]."""
+    logits = model(input_ids=torch.tensor([prompt]), use_cache=False).logits[0, -1, :vocab]
+    return torch.softmax(logits.double() / temperature, dim=-1)
