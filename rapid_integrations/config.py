@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -51,6 +52,9 @@ class RapidConfig:
     retrieval_fallback: RetrievalFallback = "builtin"
     retrieval_timeout: float | None = 30.0
     query_fn: Callable[[str], str] | None = field(default=None, compare=False)
+    # The built-in retriever's embedder: a sentence-transformers name or local path (e.g.
+    # "BAAI/bge-m3"), an object with `embed(texts) -> unit vectors`, or None (bundled MiniLM).
+    retrieval_embedder: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -119,4 +123,11 @@ _CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ),
     ("retrieval_timeout", _optional(lambda v: _real(v) and v > 0), "must be a number > 0 or None"),
     ("query_fn", _optional(callable), "must be a callable str -> str or None"),
+    (
+        "retrieval_embedder",
+        lambda v: (
+            v is None or isinstance(v, (str, os.PathLike)) or callable(getattr(v, "embed", None))
+        ),
+        "must be a sentence-transformers name or path, an object with embed(texts), or None",
+    ),
 )
