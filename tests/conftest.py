@@ -8,9 +8,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import pytest  # noqa: E402
+import pytest
 
-from tests.tiny import char_tokenizer, tiny_llama  # noqa: E402
+from tests.tiny import char_tokenizer, tiny_llama
 
 
 @pytest.fixture(scope="session")

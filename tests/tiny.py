@@ -31,14 +31,29 @@ def char_tokenizer(alphabet: str = string.ascii_lowercase[:12] + " .") -> PreTra
     return fast
 
 
-def tiny_llama(vocab: int, seed: int, layers: int = 2, hidden: int = 32, scale: float = 0.35,
-               window: int = 512, dtype: torch.dtype = torch.float64) -> LlamaForCausalLM:
+def tiny_llama(
+    vocab: int,
+    seed: int,
+    layers: int = 2,
+    hidden: int = 32,
+    scale: float = 0.35,
+    window: int = 512,
+    dtype: torch.dtype = torch.float64,
+) -> LlamaForCausalLM:
     """A random Llama with `vocab` logits; float64 so cache and no-cache paths agree exactly."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=window,
-        initializer_range=scale, eos_token_id=0, bos_token_id=None, pad_token_id=None,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=window,
+        initializer_range=scale,
+        eos_token_id=0,
+        bos_token_id=None,
+        pad_token_id=None,
         tie_word_embeddings=False,
     )
     return LlamaForCausalLM(cfg).to(dtype).eval()
@@ -51,12 +66,13 @@ def reference_greedy(model: LlamaForCausalLM, prompt: list[int], n: int, vocab: 
     for _ in range(n):
         logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1, :vocab]
         ids.append(int(logits.argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 @torch.inference_mode()
-def next_token_probs(model: LlamaForCausalLM, prompt: list[int], vocab: int,
-                     temperature: float = 1.0) -> torch.Tensor:
+def next_token_probs(
+    model: LlamaForCausalLM, prompt: list[int], vocab: int, temperature: float = 1.0
+) -> torch.Tensor:
     """p(. | prompt) at temperature T, computed without a cache, float64, shape [vocab]."""
     logits = model(input_ids=torch.tensor([prompt]), use_cache=False).logits[0, -1, :vocab]
     return torch.softmax(logits.double() / temperature, dim=-1)

@@ -1,0 +1,190 @@
+"""Engine behaviour at its edges: config errors, vocabularies, stopping, streaming, windows."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rapid_integrations import (
+    ContextWindowExceededError,
+    RapidConfig,
+    RapidConfigError,
+    RapidEngine,
+    RapidError,
+    RapidInputError,
+    VocabularyMismatchError,
+)
+from rapid_integrations.tokens import Detokenizer
+from tests.tiny import char_tokenizer, reference_greedy, tiny_llama
+
+BAD_VALUES = {
+    "eta": [-1.0, float("nan"), "5"],
+    "gamma": [0, 65, 2.5, True],
+    "temperature": [-0.1, float("inf")],
+    "top_p": [0.0, 1.5],
+    "max_new_tokens": [0, -3, 1.0],
+    "stop": [("",), (3,)],
+    "seed": [1.5, "x"],
+    "residual": ["other"],
+    "tail_guard": ["both"],
+    "tail_ratio": [1.0, -0.1],
+    "ignore_eos": ["yes"],
+    "prefill_chunk_size": [0],
+    "truncation": ["middle"],
+    "retrieval_budget": [0],
+    "retrieval_chunk_tokens": [4],
+    "retrieval_threshold": [2.0],
+    "retrieval_top_k": [0],
+    "retrieval_fallback": ["ignore"],
+    "retrieval_timeout": [0],
+    "query_fn": ["not callable"],
+}
+
+
+def test_every_field_has_bad_values_listed():
+    assert {f.name for f in dataclasses.fields(RapidConfig)} == set(BAD_VALUES)
+
+
+@pytest.mark.parametrize(("field", "value"), [(f, v) for f, vs in BAD_VALUES.items() for v in vs])
+def test_invalid_config_raises_naming_the_field(field, value):
+    with pytest.raises(RapidConfigError) as err:
+        RapidConfig(**{field: value})
+    assert err.value.field == field and field in str(err.value)
+    assert isinstance(err.value, ValueError) and isinstance(err.value, RapidError)
+
+
+def test_per_call_overrides_are_validated_too(tok, target):
+    engine = RapidEngine(target, tokenizer=tok)
+    with pytest.raises(RapidConfigError, match="gamma"):
+        engine.generate("abc", "a", gamma=0)
+    with pytest.raises(RapidConfigError, match="no_such_field"):
+        engine.generate("abc", "a", no_such_field=1)
+    with pytest.raises(RapidConfigError, match="mode"):
+        engine.generate("abc", "a", mode="fast")
+
+
+def test_stop_accepts_a_single_string():
+    assert RapidConfig(stop="END").stop == ("END",)
+
+
+def test_draft_with_a_different_vocabulary_raises_at_construction(tok, target):
+    narrower = tiny_llama(len(tok) - 4, seed=3)
+    with pytest.raises(VocabularyMismatchError):
+        RapidEngine(target, narrower, tokenizer=tok)
+    other_tok = char_tokenizer("zyxwvutsrqponm ,")
+    with pytest.raises(VocabularyMismatchError):
+        RapidEngine(target, tiny_llama(len(tok), seed=3), tokenizer=tok, draft_tokenizer=other_tok)
+
+
+def test_padded_draft_head_is_fine(tok, target):
+    padded = tiny_llama(len(tok) + 6, seed=4)
+    engine = RapidEngine(
+        target, padded, tokenizer=tok, config=RapidConfig(eta=0.0, ignore_eos=True)
+    )
+    out = engine.generate("abc de", "de", max_new_tokens=12)
+    assert out.token_ids == reference_greedy(target, tok.encode("abc de"), 12, len(tok))
+
+
+def _eos_prompt(tok, target) -> tuple[str, list[int]]:
+    """A prompt whose greedy continuation reaches end-of-sequence (id 0) after a few tokens."""
+    for a in "abcdefghijkl":
+        for b in "abcdefghijkl":
+            ref = reference_greedy(target, tok.encode(a + b), 20, len(tok))
+            if 0 in ref[2:]:
+                return a + b, ref
+    raise AssertionError("no prompt reaches eos")
+
+
+def test_stops_on_eos_excluding_it(tok, target, draft):
+    prompt, ref = _eos_prompt(tok, target)
+    engine = RapidEngine(
+        target, draft, tokenizer=tok, config=RapidConfig(eta=0.0, max_new_tokens=20)
+    )
+    out = engine.generate(prompt, prompt[-1])
+    assert out.finish_reason == "eos"
+    assert out.token_ids == ref[: ref.index(0)]
+    assert out.text == tok.decode(ref[: ref.index(0)])
+
+
+def test_stop_string_trims_output_and_streams_nothing_past_it(tok, target, draft):
+    prompt = "kab"
+    ref = reference_greedy(target, tok.encode(prompt), 20, len(tok))
+    ref_text = tok.decode(ref)
+    stop = ref_text[5:7]
+    engine = RapidEngine(
+        target,
+        draft,
+        tokenizer=tok,
+        config=RapidConfig(eta=0.0, max_new_tokens=20, ignore_eos=True),
+    )
+    out = engine.generate(prompt, "ab", stop=[stop, "zzz"])
+    assert out.finish_reason == "stop"
+    assert out.text == ref_text[: ref_text.index(stop)]
+    stream = engine.stream(prompt, "ab", stop=[stop])
+    assert "".join(stream) == out.text and stream.output.text == out.text
+
+
+def test_max_new_tokens_gives_length(tok, target):
+    engine = RapidEngine(target, tokenizer=tok, config=RapidConfig(ignore_eos=True))
+    out = engine.generate("abc", "c", max_new_tokens=7)
+    assert (len(out.token_ids), out.finish_reason) == (7, "length")
+
+
+def test_stream_equals_generate_and_same_seed_repeats(tok, target, draft):
+    engine = RapidEngine(
+        target, draft, tokenizer=tok, config=RapidConfig(temperature=0.9, max_new_tokens=30)
+    )
+    for seed in range(5):
+        out = engine.generate("hello kab", "kab", seed=seed)
+        stream = engine.stream("hello kab", "kab", seed=seed)
+        assert "".join(stream) == out.text
+        assert stream.output.token_ids == out.token_ids and stream.output.stats.seed == seed
+
+
+def test_context_window_is_enforced_or_truncated(tok):
+    small = tiny_llama(len(tok), seed=5, window=64)
+    engine = RapidEngine(small, tokenizer=tok, config=RapidConfig(ignore_eos=True))
+    with pytest.raises(ContextWindowExceededError, match=r"70 tokens.*64 tokens"):
+        engine.generate("a" * 70, "a", max_new_tokens=4)
+    out = engine.generate("b" + "a" * 70 + "c", "a", max_new_tokens=40, truncation="head_tail")
+    assert out.prompt_tokens + len(out.token_ids) <= 64
+    # the generation budget is cut at the window: never a silent overrun
+    out = engine.generate("a" * 60, "a", max_new_tokens=40)
+    assert (len(out.token_ids), out.finish_reason) == (4, "length")
+
+
+@pytest.mark.parametrize(
+    "prompt", ["", "   \n", [], [{"role": "wizard", "content": "x"}], 3.5, [10**6]]
+)
+def test_bad_prompts_raise_input_errors(tok, target, prompt):
+    engine = RapidEngine(target, tokenizer=tok)
+    with pytest.raises(RapidInputError):
+        engine.generate(prompt, "a")
+
+
+MULTIBYTE = "naïve café — 你好，世界 🎉🧪 ok"
+
+
+@pytest.mark.slow
+def test_detokenizer_never_splits_multibyte_characters(smol):
+    _, tokenizer = smol
+    ids = tokenizer.encode(MULTIBYTE)
+    detok = Detokenizer(tokenizer)
+    deltas = [detok.push(t) for t in ids] + [detok.finish()]
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == tokenizer.decode(ids) == MULTIBYTE
+    assert sum(1 for d in deltas if d) < len(ids)  # some tokens are partial characters
+
+
+@pytest.mark.slow
+def test_stop_string_split_across_tokens(smol):
+    _, tokenizer = smol
+    ids = tokenizer.encode(MULTIBYTE)
+    detok = Detokenizer(tokenizer, stop=["世界 🎉"])
+    out = []
+    for t in ids:
+        out.append(detok.push(t))
+        if detok.stopped:
+            break
+    assert detok.stopped and "".join(out) == detok.text == "naïve café — 你好，"

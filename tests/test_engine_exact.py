@@ -1,0 +1,145 @@
+"""DESIGN.md 2.6 on tiny random models: eta = 0 greedy is the target's own greedy decoding."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from rapid_integrations import RapidConfig, RapidEngine
+from tests.tiny import reference_greedy, tiny_llama
+
+ALPHABET = "abcdefghijkl ."
+
+
+def random_prompts(n: int, seed: int) -> list[tuple[str, str]]:
+    """(prompt, draft_prompt) pairs; the draft reads a random slice, as retrieval would."""
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        prompt = "".join(rng.choice(ALPHABET) for _ in range(rng.randint(2, 60)))
+        a = rng.randint(0, len(prompt) - 1)
+        pairs.append((prompt, prompt[a : a + rng.randint(1, 20)]))
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def engines(tok, target, draft):
+    cfg = RapidConfig(eta=0.0, max_new_tokens=24, ignore_eos=True)
+    return {
+        "self": RapidEngine(target, tokenizer=tok, config=cfg),
+        "separate": RapidEngine(target, draft, tokenizer=tok, config=cfg),
+    }
+
+
+@pytest.mark.parametrize("gamma", range(1, 13))
+@pytest.mark.parametrize("kind", ["self", "separate"])
+def test_eta0_greedy_equals_target_greedy(engines, target, tok, gamma, kind):
+    engine = engines[kind]
+    for i, (prompt, draft_prompt) in enumerate(random_prompts(6, seed=gamma)):
+        ids = tok.encode(prompt)
+        want = reference_greedy(target, ids, 24, len(tok))
+        mode = "sd" if i % 3 == 2 else "rapid"
+        chunk = 1 + i % 7  # chunked prefill of every size, down to one token at a time
+        out = engine.generate(
+            prompt, draft_prompt, mode=mode, gamma=gamma, prefill_chunk_size=chunk
+        )
+        assert out.token_ids == want, (kind, gamma, mode, prompt)
+        assert out.finish_reason == "length"
+
+
+def test_lc_mode_equals_target_greedy(engines, target, tok):
+    for prompt, _ in random_prompts(8, seed=99):
+        out = engines["separate"].generate(prompt, mode="lc")
+        assert out.token_ids == reference_greedy(target, tok.encode(prompt), 24, len(tok))
+        assert out.stats.drafted_tokens == 0
+
+
+def test_rag_mode_is_the_draft_alone_on_the_draft_prompt(engines, draft, tok):
+    for prompt, draft_prompt in random_prompts(8, seed=7):
+        out = engines["separate"].generate(prompt, draft_prompt, mode="rag")
+        assert out.token_ids == reference_greedy(draft, tok.encode(draft_prompt), 24, len(tok))
+        assert out.stats.target_context_tokens == len(tok.encode(prompt))
+
+
+def test_token_ids_and_chat_messages_are_accepted(engines, target, tok):
+    messages = [{"role": "system", "content": "ab"}, {"role": "user", "content": "cab d"}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tok.encode(text, add_special_tokens=False)
+    want = reference_greedy(target, ids, 24, len(tok))
+    engine = engines["separate"]
+    assert engine.generate(messages, messages[-1:]).token_ids == want
+    assert engine.generate(ids, [5, 6, 7]).token_ids == want
+    assert engine.generate(torch.tensor(ids), [5]).token_ids == want
+
+
+def test_stats_add_up(engines):
+    for gamma in (1, 4, 9):
+        for prompt, draft_prompt in random_prompts(4, seed=gamma):
+            s = engines["separate"].generate(prompt, draft_prompt, gamma=gamma).stats
+            assert 0 <= s.accepted_tokens <= s.drafted_tokens
+            assert 0.0 <= s.acceptance_rate <= 1.0
+            # Each target pass emits its accepted drafts plus one token, and drafting never
+            # runs past max_new_tokens, so the counts tie out exactly.
+            assert s.accepted_tokens + s.target_forward_passes == s.new_tokens == 24
+            assert s.draft_forward_passes == s.drafted_tokens  # one draft pass per draft token
+            assert s.target_context_tokens > 0 and s.draft_context_tokens > 0
+            assert s.decode_seconds > 0 and s.decode_tokens_per_second > 0
+
+
+def test_self_speculation_uses_one_model_object(target, tok):
+    engine = RapidEngine(target, tokenizer=tok)
+    assert engine.draft is engine.target is target
+
+
+def test_prefill_never_materializes_prompt_logits(tok, target, draft):
+    """The LM head sees one row per prefill chunk and at most gamma + 1 rows per verify pass."""
+    rows: list[int] = []
+    hooks = [
+        m.lm_head.register_forward_hook(lambda _m, _i, o: rows.append(o.shape[-2]))
+        for m in (target, draft)
+    ]
+    try:
+        engine = RapidEngine(target, draft, tokenizer=tok, config=RapidConfig(eta=0.0, gamma=5))
+        engine.generate("abcdefghijkl " * 30, "abc", max_new_tokens=12, prefill_chunk_size=64)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert max(rows) <= 6
+
+
+def test_eta_positive_greedy_is_deterministic_and_leans_to_draft(tok, target, draft):
+    engine = RapidEngine(
+        target, draft, tokenizer=tok, config=RapidConfig(max_new_tokens=24, ignore_eos=True)
+    )
+    base = RapidEngine(
+        target,
+        draft,
+        tokenizer=tok,
+        config=RapidConfig(eta=0.0, max_new_tokens=24, ignore_eos=True),
+    )
+    rates = []
+    for prompt, draft_prompt in random_prompts(12, seed=3):
+        a = engine.generate(prompt, draft_prompt, eta=20.0)
+        assert a.token_ids == engine.generate(prompt, draft_prompt, eta=20.0).token_ids
+        rates.append(
+            (a.stats.acceptance_rate, base.generate(prompt, draft_prompt).stats.acceptance_rate)
+        )
+    # A strong pull toward the draft makes the target agree with it more often.
+    assert sum(r for r, _ in rates) > sum(b for _, b in rates)
+
+
+def test_float32_model_matches_too():
+    """Exactness does not rely on float64: a float32 tiny pair gives the same identity."""
+    from tests.tiny import char_tokenizer
+
+    tok = char_tokenizer()
+    t = tiny_llama(len(tok), seed=11, dtype=torch.float32, scale=0.5)
+    d = tiny_llama(len(tok), seed=12, dtype=torch.float32, scale=0.5)
+    engine = RapidEngine(
+        t, d, tokenizer=tok, config=RapidConfig(eta=0.0, max_new_tokens=16, ignore_eos=True)
+    )
+    for prompt, draft_prompt in random_prompts(10, seed=11):
+        out = engine.generate(prompt, draft_prompt, gamma=6)
+        assert out.token_ids == reference_greedy(t, tok.encode(prompt), 16, len(tok))
