@@ -1,0 +1,146 @@
+"""Needle recall of the built-in retriever: how often a planted fact lands in C^S.
+
+    python -m rapid_integrations.bench.recall [--needles 20] [--seed 0]
+
+The haystack is made of Python standard-library docstrings (deterministic for a given Python);
+each needle is a seeded synthetic fact planted as its own paragraph at a random depth, and
+asked about in a LangChain-style "Question: ..." tail. For each document length and C^S
+budget the table gives the fraction of needles whose fact is inside the draft prompt, then
+the time to index (chunk + embed + FAISS) a 32K-token document from a cold embedding cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from ..config import RapidConfig
+from ..prompts import prepare_draft_prompt
+from ..retrieval.base import TokenizerLike, count_text_tokens, count_tokens
+from ..retrieval.embedding import SentenceTransformerEmbedder
+from ..retrieval.faiss_retriever import FaissContextRetriever
+
+HAYSTACK_MODULES = (
+    "argparse", "asyncio", "collections", "csv", "dataclasses", "datetime", "decimal",
+    "email", "fractions", "functools", "http.client", "inspect", "itertools", "json",
+    "logging", "os", "pathlib", "pickle", "re", "shutil", "socket", "string", "subprocess",
+    "tarfile", "textwrap", "threading", "typing", "unittest", "urllib.parse", "zipfile",
+)  # fmt: skip
+"""Pure-Python standard-library modules whose docstrings make the haystack, in this order."""
+BUDGETS = (256, 512, 1024, 2048)
+DOC_TOKENS = (8192, 32768)
+INSTRUCTION = "Read the Python documentation below and answer the question at the end."
+_COLORS = ("amber", "cobalt", "crimson", "emerald", "indigo", "ivory", "scarlet", "violet")
+_ANIMALS = ("badger", "falcon", "heron", "lynx", "marmot", "otter", "walrus", "wombat")
+_THINGS = ("vault", "archive", "lighthouse", "observatory", "greenhouse", "workshop")
+
+
+@dataclass(frozen=True)
+class Needle:
+    """A planted fact, the question that asks for it, and where it goes (0..1 of the doc)."""
+
+    fact: str
+    question: str
+    depth: float
+
+
+def stdlib_paragraphs() -> Iterator[str]:
+    """Docstrings of `HAYSTACK_MODULES` and their public members, each once, in a fixed order."""
+    seen: set[str] = set()
+    for name in HAYSTACK_MODULES:
+        module = importlib.import_module(name)
+        members = [module] + [obj for key, obj in sorted(vars(module).items()) if key[:1] != "_"]
+        for obj in members:
+            doc = inspect.getdoc(obj)
+            if doc and len(doc) > 200 and doc not in seen:
+                seen.add(doc)
+                yield doc
+
+
+def haystack(n_tokens: int, tokenizer: TokenizerLike) -> list[str]:
+    """Paragraphs (docstrings) totalling about `n_tokens` tokens."""
+    paragraphs: list[str] = []
+    total = 0
+    for paragraph in stdlib_paragraphs():
+        if total >= n_tokens:
+            return paragraphs
+        paragraphs.append(paragraph)
+        total += count_text_tokens(tokenizer, paragraph) + 1
+    raise ValueError(f"the standard-library haystack has fewer than {n_tokens} tokens")
+
+
+def make_needles(count: int, seed: int = 0) -> list[Needle]:
+    """`count` distinct seeded facts such as "The access code of the amber otter vault is 4721"."""
+    rng = random.Random(seed)
+    needles: dict[str, Needle] = {}
+    while len(needles) < count:
+        subject = f"the {rng.choice(_COLORS)} {rng.choice(_ANIMALS)} {rng.choice(_THINGS)}"
+        fact = f"The access code of {subject} is {rng.randrange(1000, 10000)}."
+        question = f"What is the access code of {subject}?"
+        needles.setdefault(subject, Needle(fact, question, rng.uniform(0.05, 0.95)))
+    return list(needles.values())
+
+
+def plant(paragraphs: Sequence[str], needle: Needle) -> str:
+    """The document with the needle's fact inserted as a paragraph at its depth."""
+    at = round(needle.depth * len(paragraphs))
+    return "\n\n".join([*paragraphs[:at], needle.fact, *paragraphs[at:]])
+
+
+def question_prompt(document: str, question: str) -> str:
+    return f"{INSTRUCTION}\n\n{document}\n\nQuestion: {question}\nAnswer:"
+
+
+def recall(
+    paragraphs: Sequence[str], needles: Sequence[Needle], budget: int, tokenizer: TokenizerLike
+) -> float:
+    """Fraction of `needles` whose fact is in the draft prompt at this C^S budget."""
+    config = RapidConfig(retrieval_budget=budget)
+    hits = 0
+    for needle in needles:
+        prompt = question_prompt(plant(paragraphs, needle), needle.question)
+        hits += needle.fact in prepare_draft_prompt(prompt, tokenizer, config=config).prompt
+    return hits / len(needles)
+
+
+def index_seconds(document: str, tokenizer: TokenizerLike) -> tuple[float, int]:
+    """Seconds to index `document` at the default budget with a cold cache, and its chunks."""
+    embedder = SentenceTransformerEmbedder(show_progress=False)
+    embedder.embed(["warm up: load the model outside the timing"])
+    start = time.perf_counter()
+    retriever = FaissContextRetriever(document, tokenizer, embedder=embedder)
+    return time.perf_counter() - start, len(retriever.chunks)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--needles", type=int, default=20, help="needles per document length")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from ..models import ensure_default_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_default_model()))
+    needles = make_needles(args.needles, args.seed)
+    print(f"needle recall (fraction of {args.needles} needles inside C^S), seed {args.seed}\n")
+    print("| document | " + " | ".join(f"budget {b}" for b in BUDGETS) + " |")
+    print("|---" * (len(BUDGETS) + 1) + "|")
+    for n_tokens in DOC_TOKENS:
+        paragraphs = haystack(n_tokens, tokenizer)
+        cells = [f"{recall(paragraphs, needles, b, tokenizer):.2f}" for b in BUDGETS]
+        size = sum(count_tokens(tokenizer, paragraphs)) + len(paragraphs)
+        print(f"| {size // 1024}K tokens | " + " | ".join(cells) + " |", flush=True)
+    seconds, chunks = index_seconds("\n\n".join(haystack(DOC_TOKENS[-1], tokenizer)), tokenizer)
+    print(
+        f"\nindexing a {DOC_TOKENS[-1] // 1024}K-token document: {seconds:.1f} s ({chunks} chunks)"
+    )
+
+
+if __name__ == "__main__":
+    main()
