@@ -123,7 +123,8 @@ def prepare_draft_prompt(
         return _prepare(_text_layout(prompt, tokenizer), tokenizer, retriever, query, config)
     if _is_token_ids(prompt):
         return _prepare_ids(list(prompt), tokenizer, retriever, query, config)
-    return _prepare(_chat_layout(_messages(prompt), tokenizer), tokenizer, retriever, query, config)
+    layout = _chat_layout(_messages(prompt), tokenizer, config)
+    return _prepare(layout, tokenizer, retriever, query, config)
 
 
 def _prepare(
@@ -133,7 +134,7 @@ def _prepare(
     query: str | None,
     config: RapidConfig,
 ) -> DraftPrompt:
-    budget = config.retrieval_budget or default_budget(layout.total_tokens)
+    budget = _budget(config, layout.total_tokens)
     middle_tokens = sum(count_tokens(tokenizer, layout.documents))
     if middle_tokens <= budget:
         return DraftPrompt(layout.original, middle_tokens, budget=budget, passthrough=True)
@@ -217,37 +218,54 @@ def _messages(prompt: object) -> Messages:
     return messages
 
 
-def _chat_layout(messages: Messages, tokenizer: TokenizerLike) -> _Layout:
+def _chat_layout(messages: Messages, tokenizer: TokenizerLike, config: RapidConfig) -> _Layout:
     """System messages and everything from the last user turn on stay; earlier turns are the
-    documents (one per turn)."""
+    documents (one per turn). A last user turn longer than the budget carries its own context
+    (RAG templates put the documents there, e.g. LlamaIndex's "Context information is below.
+    ... Query: ..."): it is split like a string prompt and its middle is one more document."""
     users = [i for i, m in enumerate(messages) if m["role"] == "user"]
     last_user = users[-1] if users else len(messages) - 1
     earlier = [i for i in range(last_user) if messages[i]["role"] != "system"]
     question = messages[last_user]["content"]
+    counts = count_tokens(tokenizer, [m["content"] for m in messages])
+    split = _turn_split(question, counts[last_user], _budget(config, sum(counts)), tokenizer)
     return _Layout(
         original=messages,
-        documents=[messages[i]["content"] for i in earlier],
-        total_tokens=sum(count_tokens(tokenizer, [m["content"] for m in messages])),
+        documents=[messages[i]["content"] for i in earlier] + ([split.body] if split else []),
+        total_tokens=sum(counts),
         query_source=question,
-        default_query=default_query(question, _special_tokens(tokenizer)),
+        default_query=default_query(split.tail if split else question, _special_tokens(tokenizer)),
         assemble=lambda passages, budget: _assemble_chat(
-            messages, earlier, last_user, passages, tokenizer, budget
+            messages, earlier, last_user, split, passages, tokenizer, budget
         ),
     )
+
+
+def _turn_split(
+    text: str, n_tokens: int, budget: int, tokenizer: TokenizerLike
+) -> PromptSplit | None:
+    """`text` as head + context + question if it is longer than `budget`, else None."""
+    if n_tokens <= budget:
+        return None
+    split = split_prompt(text, tokenizer, special_tokens=_special_tokens(tokenizer))
+    return split if split.body else None
 
 
 def _assemble_chat(
     messages: Messages,
     earlier: list[int],
     last_user: int,
+    split: PromptSplit | None,
     passages: list[Passage],
     tokenizer: TokenizerLike,
     budget: int,
 ) -> tuple[Messages, int]:
-    """Messages with earlier turns cut to their retrieved passages, within `budget` content
-    tokens; dropping trailing passages if exact counts exceed it."""
+    """Messages with earlier turns (and the last turn's own context, when `split`) cut to
+    their retrieved passages, within `budget` content tokens; dropping trailing passages if
+    exact counts exceed it."""
+    own_turn = last_user if split else -1
     while True:
-        retrieved = _retrieved_messages(messages, earlier, passages)
+        retrieved = _retrieved_messages(messages, earlier, passages, own_turn)
         tokens = sum(count_tokens(tokenizer, [m["content"] for _, m in retrieved]))
         if tokens <= budget or not passages:
             break
@@ -260,17 +278,23 @@ def _assemble_chat(
     ]
     if -1 in kept:  # external passages go right before the question
         draft.append(kept[-1])
-    return draft + messages[last_user:], tokens
+    rest = messages[last_user:]
+    if split:  # the last turn keeps its head and question around its retrieved context
+        context = kept[last_user]["content"] if last_user in kept else ""
+        rest = [{**rest[0], "content": split.head + context + split.tail}, *rest[1:]]
+    return draft + rest, tokens
 
 
 def _retrieved_messages(
-    messages: Messages, earlier: list[int], passages: list[Passage]
+    messages: Messages, earlier: list[int], passages: list[Passage], own_turn: int = -1
 ) -> list[tuple[int, dict[str, Any]]]:
     """(message index, message) for each earlier turn with retrieved passages, keeping its role;
-    passages of an external retriever (doc None) form one user message (index -1)."""
+    passages of an external retriever (doc None) and of the last turn's own context go to
+    `own_turn`: that turn when it was split, else one user message before it (index -1)."""
     by_turn: dict[int, list[Passage]] = {}
     for passage in passages:
-        index = -1 if passage.doc is None else earlier[passage.doc]
+        own = passage.doc is None or passage.doc == len(earlier)
+        index = own_turn if own else earlier[passage.doc]
         by_turn.setdefault(index, []).append(passage)
     return [
         (i, {**(messages[i] if i >= 0 else {"role": "user"}), "content": join_passages(group)})
@@ -339,6 +363,10 @@ def _join_reasons(*reasons: str | None) -> str | None:
 
 
 # ---- helpers ---------------------------------------------------------------------------------
+
+
+def _budget(config: RapidConfig, total_tokens: int) -> int:
+    return config.retrieval_budget or default_budget(total_tokens)
 
 
 def _special_tokens(tokenizer: TokenizerLike) -> tuple[str, ...]:
