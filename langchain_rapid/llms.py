@@ -1,0 +1,123 @@
+"""`RapidLLM`: a LangChain string-in, string-out LLM that decodes with RAPID."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseLLM, LangSmithParams
+from langchain_core.outputs import Generation, GenerationChunk, LLMResult
+from pydantic import ConfigDict
+
+from rapid_integrations import RapidOutput
+
+from ._base import RapidParams, aiter_in_thread
+
+
+class RapidLLM(RapidParams, BaseLLM):
+    """LLM on a local Hugging Face causal LM, decoded by retrieval-augmented speculation.
+
+    The prompt string goes to the model as it is (no chat template): the target reads all of
+    it, the draft reads its head and tail with the long middle replaced by retrieved passages
+    (or passages from `retriever`). Weights load on the first call unless `engine` is given.
+
+    Each generation's `generation_info` holds `model_name`, `finish_reason`, `rapid_stats`
+    (the run's `RapidStats` as a dict) and `usage`; `llm_output["token_usage"]` sums the
+    prompt and completion tokens of the batch.
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, protected_namespaces=())
+
+    @property
+    def _llm_type(self) -> str:
+        return "rapid"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return self._identifying()
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        return LangSmithParams(**self._ls_params("llm", stop, kwargs))
+
+    def _generate(
+        self,
+        prompts: list[str],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        # BaseLLM has no streaming switch of its own: `streaming` decides if tokens reach callbacks.
+        callbacks = run_manager if self.streaming else None
+        generations = [_merge(self._stream(p, stop, callbacks, **kwargs)) for p in prompts]
+        return self._result(generations)
+
+    async def _agenerate(
+        self,
+        prompts: list[str],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        callbacks = run_manager if self.streaming else None
+        generations = []
+        for prompt in prompts:
+            chunks = [chunk async for chunk in self._astream(prompt, stop, callbacks, **kwargs)]
+            generations.append(_merge(chunks))
+        return self._result(generations)
+
+    def _stream(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[GenerationChunk]:
+        """One chunk per piece of text the engine commits, then a last one with the metadata."""
+        run = self._start(prompt, stop, kwargs)
+        for delta in run:
+            chunk = GenerationChunk(text=delta)
+            if run_manager:
+                run_manager.on_llm_new_token(delta, chunk=chunk)
+            yield chunk
+        yield GenerationChunk(text="", generation_info=self._generation_info(run.output))
+
+    async def _astream(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[GenerationChunk]:
+        """`_stream` run in a worker thread; the event loop stays free between chunks."""
+        async for chunk in aiter_in_thread(lambda: self._stream(prompt, stop, **kwargs)):
+            if run_manager and chunk.generation_info is None:
+                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+    def _generation_info(self, output: RapidOutput) -> dict[str, Any]:
+        return {**self._response_metadata(output), "usage": self._usage(output)}
+
+    def _result(self, generations: list[Generation]) -> LLMResult:
+        """The batch result, with OpenAI-style token usage that LangChain callbacks sum up."""
+        usages = [(g.generation_info or {})["usage"] for g in generations]
+        prompt = sum(u["input_tokens"] for u in usages)
+        completion = sum(u["output_tokens"] for u in usages)
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        return LLMResult(
+            generations=[[g] for g in generations],
+            llm_output={"token_usage": usage, "model_name": self.model_label},
+        )
+
+
+def _merge(chunks: Iterable[GenerationChunk]) -> Generation:
+    """The chunks of one prompt joined into a single `Generation`."""
+    text, info = "", None
+    for chunk in chunks:
+        text += chunk.text
+        info = chunk.generation_info or info
+    return Generation(text=text, generation_info=info)

@@ -1,0 +1,122 @@
+"""LangChain's standard chat model suites, run on `ChatRapid` with the embedded SmolLM2 model.
+
+Features ChatRapid does not offer are declared off through the suites' properties (and listed in
+docs/langchain.md): tool calling and tool choice, structured output and JSON mode, image / PDF /
+audio / video inputs, Anthropic-style inputs, a per-call `model` override, VCR recordings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+from langchain_tests.unit_tests import ChatModelUnitTests
+
+from langchain_rapid import ChatRapid
+from rapid_integrations import RapidEngine
+
+# Short answers keep the integration suite quick on two CPU cores; every test still checks
+# real generated text.
+MAX_TOKENS = 32
+
+
+class NotOffered:
+    """What ChatRapid does not offer, declared off for both suites (reasons in docs/langchain.md)."""
+
+    @property
+    def has_tool_calling(self) -> bool:
+        """No tool calling: a plain chat template model emits no structured tool calls."""
+        return False
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return False
+
+    @property
+    def has_structured_output(self) -> bool:
+        """No with_structured_output: it needs tool calling or constrained (JSON) decoding."""
+        return False
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return False
+
+    @property
+    def supports_image_inputs(self) -> bool:
+        """Text-only causal LMs: images, PDFs, audio and video cannot be read."""
+        return False
+
+    @property
+    def supports_image_urls(self) -> bool:
+        return False
+
+    @property
+    def supports_pdf_inputs(self) -> bool:
+        return False
+
+    @property
+    def supports_audio_inputs(self) -> bool:
+        return False
+
+    @property
+    def supports_video_inputs(self) -> bool:
+        return False
+
+    @property
+    def supports_image_tool_message(self) -> bool:
+        return False
+
+    @property
+    def supports_pdf_tool_message(self) -> bool:
+        return False
+
+    @property
+    def supports_anthropic_inputs(self) -> bool:
+        """Anthropic content blocks carry tool use and images, neither of which applies."""
+        return False
+
+    @property
+    def supports_model_override(self) -> bool:
+        """One engine holds one target model; a per-call `model=` would mean loading weights."""
+        return False
+
+    @property
+    def enable_vcr_tests(self) -> bool:
+        """VCR replays HTTP traffic; a local model makes none."""
+        return False
+
+
+class TestChatRapidUnit(NotOffered, ChatModelUnitTests):
+    """No weights load here: construction must stay cheap (the suite times it)."""
+
+    @property
+    def chat_model_class(self) -> type[ChatRapid]:
+        return ChatRapid
+
+    @property
+    def standard_chat_model_params(self) -> dict[str, Any]:
+        # The suite adds api_key="test" for hosted models; a local model has no key, and
+        # extra="forbid" rightly rejects unknown arguments.
+        params = super().standard_chat_model_params
+        del params["api_key"]
+        return params
+
+
+@pytest.mark.slow
+class TestChatRapidIntegration(NotOffered, ChatModelIntegrationTests):
+    """Every test shares the session's SmolLM2 engine instead of loading its own copy."""
+
+    engine: RapidEngine
+
+    @pytest.fixture(autouse=True)
+    def _share_engine(self, smol_engine: RapidEngine) -> None:
+        self.engine = smol_engine
+
+    @property
+    def chat_model_class(self) -> type[ChatRapid]:
+        return ChatRapid
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"engine": self.engine, "max_tokens": MAX_TOKENS}
