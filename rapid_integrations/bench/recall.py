@@ -1,12 +1,14 @@
 """Needle recall of the built-in retriever: how often a planted fact lands in C^S.
 
-    python -m rapid_integrations.bench.recall [--needles 20] [--seed 0]
+    python -m rapid_integrations.bench.recall [--needles 20] [--distractors 4] [--seed 0]
 
 The haystack is made of Python standard-library docstrings (deterministic for a given Python);
-each needle is a seeded synthetic fact planted as its own paragraph at a random depth, and
-asked about in a LangChain-style "Question: ..." tail. For each document length and C^S
-budget the table gives the fraction of needles whose fact is inside the draft prompt, then
-the time to index (chunk + embed + FAISS) a 32K-token document from a cold embedding cache.
+each needle is a seeded synthetic fact ("The access code of the amber otter vault is 4721.")
+planted as its own paragraph at a random depth, together with distractors: the facts of other
+needles, which share the sentence pattern and often words of the subject. The needle is asked
+about in a LangChain-style "Question: ..." tail. For each document length and C^S budget the
+table gives the fraction of needles whose fact is inside the draft prompt, then the time to
+index (chunk + embed + FAISS) a 32K-token document from a cold embedding cache.
 """
 
 from __future__ import annotations
@@ -86,10 +88,12 @@ def make_needles(count: int, seed: int = 0) -> list[Needle]:
     return list(needles.values())
 
 
-def plant(paragraphs: Sequence[str], needle: Needle) -> str:
-    """The document with the needle's fact inserted as a paragraph at its depth."""
-    at = round(needle.depth * len(paragraphs))
-    return "\n\n".join([*paragraphs[:at], needle.fact, *paragraphs[at:]])
+def plant(paragraphs: Sequence[str], needles: Sequence[Needle]) -> str:
+    """The document with each needle's fact inserted as a paragraph at its depth."""
+    planted = list(paragraphs)
+    for needle in sorted(needles, key=lambda n: n.depth, reverse=True):  # later indices first
+        planted.insert(round(needle.depth * len(paragraphs)), needle.fact)
+    return "\n\n".join(planted)
 
 
 def question_prompt(document: str, question: str) -> str:
@@ -97,13 +101,19 @@ def question_prompt(document: str, question: str) -> str:
 
 
 def recall(
-    paragraphs: Sequence[str], needles: Sequence[Needle], budget: int, tokenizer: TokenizerLike
+    paragraphs: Sequence[str],
+    needles: Sequence[Needle],
+    distractors: int,
+    budget: int,
+    tokenizer: TokenizerLike,
 ) -> float:
-    """Fraction of `needles` whose fact is in the draft prompt at this C^S budget."""
+    """Fraction of `needles` whose fact is in the draft prompt at this C^S budget, each planted
+    with the facts of the `distractors` needles after it (cyclically) as hard negatives."""
     config = RapidConfig(retrieval_budget=budget)
     hits = 0
-    for needle in needles:
-        prompt = question_prompt(plant(paragraphs, needle), needle.question)
+    for i, needle in enumerate(needles):
+        others = [needles[(i + k) % len(needles)] for k in range(1, distractors + 1)]
+        prompt = question_prompt(plant(paragraphs, [needle, *others]), needle.question)
         hits += needle.fact in prepare_draft_prompt(prompt, tokenizer, config=config).prompt
     return hits / len(needles)
 
@@ -120,6 +130,7 @@ def index_seconds(document: str, tokenizer: TokenizerLike) -> tuple[float, int]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--needles", type=int, default=20, help="needles per document length")
+    parser.add_argument("--distractors", type=int, default=4, help="other facts per document")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
@@ -128,12 +139,17 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_default_model()))
     needles = make_needles(args.needles, args.seed)
-    print(f"needle recall (fraction of {args.needles} needles inside C^S), seed {args.seed}\n")
+    print(
+        f"needle recall: fraction of {args.needles} needles inside C^S "
+        f"({args.distractors} distractor facts per document, seed {args.seed})\n"
+    )
     print("| document | " + " | ".join(f"budget {b}" for b in BUDGETS) + " |")
     print("|---" * (len(BUDGETS) + 1) + "|")
     for n_tokens in DOC_TOKENS:
         paragraphs = haystack(n_tokens, tokenizer)
-        cells = [f"{recall(paragraphs, needles, b, tokenizer):.2f}" for b in BUDGETS]
+        cells = [
+            f"{recall(paragraphs, needles, args.distractors, b, tokenizer):.2f}" for b in BUDGETS
+        ]
         size = sum(count_tokens(tokenizer, paragraphs)) + len(paragraphs)
         print(f"| {size // 1024}K tokens | " + " | ".join(cells) + " |", flush=True)
     seconds, chunks = index_seconds("\n\n".join(haystack(DOC_TOKENS[-1], tokenizer)), tokenizer)

@@ -66,7 +66,8 @@ def chunk_text(text: str, tokenizer: TokenizerLike, max_tokens: int, doc: int = 
     sequence under a tiny limit), because characters are never broken.
     """
     gaps = _find_gaps(text)
-    spans = _spans_between(gaps, 0, len(text), SENTENCE, PARAGRAPH)
+    lo, hi = len(text) - len(text.lstrip()), len(text.rstrip())
+    spans = _spans_between(gaps, lo, hi, SENTENCE, PARAGRAPH)
     spans = _fit(text, tokenizer, spans, max_tokens, gaps)
     return _pack(text, tokenizer, spans, max_tokens, doc)
 
@@ -165,14 +166,22 @@ def _pack(
     return chunks
 
 
+def _gap_tokens(span: _Span) -> int:
+    """Estimated tokens of the gap after `span`: spaces usually merge into the next word's
+    token (" word"); line breaks are tokens of their own."""
+    return 1 if span.strength >= LINE else 0
+
+
 def _greedy_end(spans: list[_Span], i: int, max_tokens: int) -> int:
     """Exclusive end of the longest run from `i` whose estimated size fits (at least one span).
 
-    The estimate charges one token per gap; `_exact_chunk` then checks the true count.
+    The estimate sums span counts and gaps; `_exact_chunk` then checks the true count.
     """
     total, k = spans[i].n_tokens, i + 1
-    while k < len(spans) and total + 1 + spans[k].n_tokens <= max_tokens:
-        total += 1 + spans[k].n_tokens
+    while k < len(spans):
+        total += _gap_tokens(spans[k - 1]) + spans[k].n_tokens
+        if total > max_tokens:
+            break
         k += 1
     return k
 
@@ -183,7 +192,7 @@ def _prefer_strong_end(spans: list[_Span], i: int, j: int, max_tokens: int) -> i
         return j
     best, best_strength, total = j, -1, 0
     for k in range(i, j):
-        total += spans[k].n_tokens + (k > i)
+        total += spans[k].n_tokens + (_gap_tokens(spans[k - 1]) if k > i else 0)
         if total >= max_tokens // 2 and spans[k].strength >= best_strength:
             best, best_strength = k + 1, spans[k].strength
     return best

@@ -18,7 +18,6 @@ middle so the draft prompt stays well formed.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -50,7 +49,13 @@ _SENTENCE_GAP = regex.compile(
     r"(?<=[.!?…][\"')\]”’]?)\s+|(?<=[。！？][」』”’）)]*)(?=[^\s」』”’）)])"
 )
 _WORD_GAP = regex.compile(r"\s+")
-_DANGLING_LABEL = regex.compile(r"^\s*(?:[\w ]{0,30}[:：])?\s*$|^\s*([-=*_~#])\1{2,}\s*$")
+# Lines of a tail that are not part of the question: empty, a bare label ("Answer:"), a
+# delimiter, or a chat role name left over from a rendered template.
+_NOT_QUESTION = regex.compile(
+    r"^\s*(?:[\w ]{0,30}[:：])?\s*$|^\s*([-=*_~#])\1{2,}\s*$"
+    r"|^\s*(?:system|user|assistant|human|ai|model|bot)\s*$",
+    regex.I,
+)
 
 # (pattern, rank) for each kind of cut; a head cut falls after the match, a tail cut before.
 _HEAD_CUTS = (
@@ -104,8 +109,12 @@ def split_prompt(
     """
     starts = _token_starts(text, tokenizer)
     n = len(starts)
-    head_end = _char_at(starts, min(head_tokens, n // 4), len(text))
-    tail_start = _char_at(starts, n - min(tail_tokens, n // 4), len(text))
+    # Token offsets can fall inside a character (byte-level BPE): shrink both windows to
+    # whole grapheme clusters.
+    head_end = _grapheme_bounds(text, _char_at(starts, min(head_tokens, n // 4), len(text)))[0]
+    tail_start = _grapheme_bounds(text, _char_at(starts, n - min(tail_tokens, n // 4), len(text)))[
+        1
+    ]
     head = _head_cut(text, head_end, special_tokens)
     tail = _tail_cut(text, max(head, tail_start), special_tokens)
     body_start = head + _leading_space(text[head:tail])
@@ -114,14 +123,21 @@ def split_prompt(
 
 
 def default_query(tail: str, special_tokens: tuple[str, ...] = ()) -> str:
-    """The question in a tail: the text after its last `Question:`/`Query:` label (or the whole
-    tail), without special tokens, answer cues (`Answer:`), delimiter lines or extra spaces."""
-    for token in special_tokens:
-        tail = tail.replace(token, "\n")
-    labels = list(_QUESTION_LABEL.finditer(tail))
+    """The question in a tail, as one line.
+
+    Of the tail's pieces between special tokens (a rendered chat template), the last one with a
+    `Question:`/`Query:` label is used, else the longest; then the text after that label,
+    without answer cues (`Answer:`), delimiter lines or bare role names (`assistant`).
+    """
+    pieces = (
+        regex.split("|".join(map(regex.escape, special_tokens)), tail) if special_tokens else [tail]
+    )
+    labelled = [p for p in pieces if _QUESTION_LABEL.search(p)]
+    text = labelled[-1] if labelled else max(pieces, key=len)
+    labels = list(_QUESTION_LABEL.finditer(text))
     if labels:
-        tail = tail[labels[-1].end() :]
-    lines = [line for line in tail.splitlines() if not _DANGLING_LABEL.match(line)]
+        text = text[labels[-1].end() :]
+    lines = [line for line in text.splitlines() if not _NOT_QUESTION.match(line)]
     return " ".join(" ".join(lines).split())
 
 
@@ -152,17 +168,15 @@ def _head_cut(text: str, window_end: int, special_tokens: tuple[str, ...]) -> in
 
 
 def _tail_cut(text: str, window_start: int, special_tokens: tuple[str, ...]) -> int:
-    """Start of the tail: latest of the strongest cuts in text[window_start:]; the window
-    start (a grapheme boundary at worst) if none."""
+    """Start of the tail: latest of the strongest cuts in text[window_start:]; if none, the
+    window start."""
     ceiling = _before_first_special_line(text, window_start, special_tokens)
     cuts = [
         (rank, start)
         for rank, start, _ in _cuts(text, window_start, len(text), _TAIL_CUTS)
         if start <= ceiling
     ]
-    if cuts:
-        return max(cuts)[1]
-    return min(ceiling, _grapheme_boundary(text, window_start))
+    return max(cuts)[1] if cuts else min(ceiling, window_start)
 
 
 def _cuts(
@@ -198,11 +212,14 @@ def _before_first_special_line(
     return max(window_start, text.rfind("\n", window_start, min(found)) + 1)
 
 
-def _grapheme_boundary(text: str, position: int) -> int:
-    """The start of the grapheme cluster containing `position` (never inside a character)."""
-    line_start = text.rfind("\n", 0, position) + 1
-    starts = [m.start() for m in regex.finditer(r"\X", text, pos=line_start, endpos=position + 1)]
-    return starts[bisect.bisect_right(starts, position) - 1] if starts else position
+def _grapheme_bounds(text: str, position: int) -> tuple[int, int]:
+    """The grapheme-cluster starts just at/before and at/after `position`."""
+    before = text.rfind("\n", 0, position) + 1  # a line break always ends a cluster
+    for match in regex.finditer(r"\X", text, pos=before):
+        if match.start() >= position:
+            return before, match.start()
+        before = match.start()
+    return before, len(text)
 
 
 def _leading_space(text: str) -> int:
