@@ -19,8 +19,13 @@ class RapidInputError(RapidError, ValueError):
     """A prompt, message list or argument the engine cannot use (empty, wrong type, bad role)."""
 
 
-class ContextWindowExceededError(RapidError, ValueError):
-    """A prompt longer than the model's context window (sizes in tokens)."""
+class ContextWindowExceededError(RapidError):
+    """A prompt longer than the model's context window (sizes in tokens).
+
+    Deliberately not a `ValueError`: LlamaIndex's refine / compact synthesizers catch
+    `ValueError` from the LLM as an output-parsing failure and answer "Empty Response", which
+    would hide the overrun.
+    """
 
     def __init__(self, prompt_tokens: int, context_window: int, model: str = "target") -> None:
         super().__init__(
