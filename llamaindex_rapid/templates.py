@@ -38,7 +38,8 @@ def template_pattern(template: str, query_var: str = QUERY_VAR) -> re.Pattern[st
     """A regex matching `template` once rendered, with group "query" around `query_var`.
 
     Literal text must match verbatim, except trailing whitespace, which chat templates and
-    callers often strip; every other variable matches anything. The pattern starts at the
+    callers often strip; every other variable matches anything (as much as possible before
+    the query, as little as possible after it). The pattern starts at the
     template's first literal, so text prepended to the prompt (a system prompt) is allowed;
     a template that starts with the query is anchored at the start instead, which keeps the
     search linear. Returns None when the template has no `query_var`.
@@ -47,13 +48,17 @@ def template_pattern(template: str, query_var: str = QUERY_VAR) -> re.Pattern[st
     if not any(name == query_var for _lit, name, _spec, _conv in parsed):
         return None
     pieces: list[str] = []
+    seen_query = False
     for literal, name, _spec, _conv in parsed:
         if literal and (pieces or literal.strip()):
             pieces.append(re.escape(literal))
         if name == query_var:
             pieces.append("(?P<query>.*?)" if pieces else r"\A(?P<query>.*?)")
+            seen_query = True
         elif name is not None and pieces:
-            pieces.append("(?:.*?)")
+            # Greedy before the query: a context that quotes the template's own labels
+            # ("Query: ...") must not end early, so the last occurrence wins.
+            pieces.append("(?:.*?)" if seen_query else "(?:.*)")
     return re.compile("".join(pieces) + r"\s*\Z", re.DOTALL)
 
 

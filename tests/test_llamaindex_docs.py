@@ -1,0 +1,97 @@
+"""Runs every example of docs/llamaindex.md, in order, on the embedded SmolLM2 model.
+
+The page is executed like a notebook: one namespace, one section per test, with `long_text`
+preset to the shared long document. Each section's results are then checked here, so the
+page's claims (right answers, stats, errors) are tested rather than only run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rapid_integrations import ContextWindowExceededError
+from tests.llamaindex_fixtures import ANSWER, long_document
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "llamaindex.md"
+_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
+
+
+def doc_sections() -> list[tuple[str, str]]:
+    """(heading, code) of each `##` section of the page that holds Python blocks."""
+    sections = []
+    for part in re.split(r"^## ", DOC.read_text(), flags=re.M)[1:]:
+        heading, _, body = part.partition("\n")
+        code = "\n".join(_BLOCK.findall(body))
+        if code:
+            sections.append((heading.strip(), code))
+    return sections
+
+
+def _check_setup(ns: dict[str, Any]) -> None:
+    meta = ns["llm"].metadata
+    assert meta.context_window == ns["llm"].engine.context_window == 8192
+    assert meta.is_chat_model and meta.num_output == 24
+
+
+def _check_compact(ns: dict[str, Any]) -> None:
+    assert ANSWER in str(ns["response"])
+    stats = ns["stats"]
+    assert stats["mode"] == "rapid" and stats["retrieved_tokens"] > 0
+    assert stats["draft_context_tokens"] * 3 < stats["target_context_tokens"]
+    assert ns["completion"].raw["rapid_stats"]["new_tokens"] > 0
+
+
+def _check_streaming(ns: dict[str, Any]) -> None:
+    assert ANSWER in ns["streamed"]
+
+
+def _check_summary(ns: dict[str, Any]) -> None:
+    assert ANSWER in str(ns["summary_answer"])
+
+
+def _check_chat(ns: dict[str, Any]) -> None:
+    assert ANSWER in str(ns["first"])
+    assert all(str(ns[turn]).strip() for turn in ("second", "third"))
+    assert len(ns["chat_engine"].chat_history) == 6
+
+
+def _check_agent(ns: dict[str, Any]) -> None:
+    assert "9052" in ns["agent_answer"]
+
+
+def _check_overflow(ns: dict[str, Any]) -> None:
+    overflow = ns["overflow"]
+    assert isinstance(overflow, ContextWindowExceededError)
+    assert overflow.context_window == 8192 < overflow.prompt_tokens
+
+
+CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "An LLM and an index": _check_setup,
+    'A query engine with `response_mode="compact"`': _check_compact,
+    "Streaming through a query engine": _check_streaming,
+    "A summary index over the whole document": _check_summary,
+    "A chat engine over several turns": _check_chat,
+    "A ReAct agent with one tool": _check_agent,
+    "Prompts longer than the window": _check_overflow,
+}
+
+
+@pytest.fixture(scope="module")
+def namespace() -> dict[str, Any]:
+    return {"long_text": long_document()}
+
+
+def test_every_section_with_code_is_checked() -> None:
+    assert [heading for heading, _ in doc_sections()] == list(CHECKS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("heading", "code"), doc_sections(), ids=list(CHECKS))
+def test_docs_example(heading: str, code: str, namespace: dict[str, Any]) -> None:
+    exec(compile(code, f"{DOC.name}: {heading}", "exec"), namespace)
+    CHECKS[heading](namespace)
