@@ -1,15 +1,13 @@
-"""Shared pieces of the LlamaIndex tests: a long document with a planted fact, the bundled
-MiniLM as a LlamaIndex embedding, and one `RapidLLM` over the session's SmolLM2 engine.
+"""Fixtures of the LlamaIndex tests: the bundled MiniLM as a LlamaIndex embedding, and one
+`RapidLLM` over the session's SmolLM2 engine.
 
-Test modules load these fixtures with ``pytest_plugins = ["tests.llamaindex_fixtures"]``.
+Test modules load them with ``pytest_plugins = ["tests.llamaindex_fixtures"]`` (and take the
+document and its question from `tests.llamaindex_data`, so this module is imported only once,
+by pytest, and its asserts are rewritten).
 """
 
 from __future__ import annotations
 
-import inspect
-import json
-import string
-import textwrap
 from typing import TYPE_CHECKING
 
 import pytest
@@ -20,29 +18,7 @@ if TYPE_CHECKING:
     from llamaindex_rapid import RapidLLM
     from rapid_integrations import RapidEngine
 
-NEEDLE = "The access code for the north warehouse is 7391."
-QUESTION = "What is the access code for the north warehouse?"
-ANSWER = "7391"
-# Greedy decoding keeps every run reproducible; few new tokens keep the suite short.
-GENERATE = {"temperature": 0.0, "max_new_tokens": 24}
-
-
-def filler_paragraphs(limit: int) -> list[str]:
-    """Real English prose that ships with Python: docstrings of a few stdlib modules."""
-    paragraphs = []
-    for module in (textwrap, json, string):
-        for name, obj in sorted(vars(module).items()):
-            doc = inspect.getdoc(obj) if callable(obj) and not name.startswith("_") else None
-            if doc and len(doc) > 200 and getattr(obj, "__module__", "") == module.__name__:
-                paragraphs.append(f"{module.__name__}.{name}: " + " ".join(doc.split()))
-    return paragraphs[:limit]
-
-
-def long_document(paragraphs: int = 12) -> str:
-    """About 2K SmolLM2 tokens of docstrings with `NEEDLE` planted in the middle."""
-    body = filler_paragraphs(paragraphs)
-    body.insert(len(body) // 2, NEEDLE)
-    return "\n\n".join(body)
+from tests.llamaindex_data import GENERATE
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from rapid_integrations import ContextWindowExceededError
-from tests.llamaindex_fixtures import ANSWER, long_document
+from tests.llamaindex_data import ANSWER, long_document
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "llamaindex.md"
 _BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
