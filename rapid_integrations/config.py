@@ -30,6 +30,8 @@ class RapidConfig:
       tail_guard  "paper" (default): tokens with p_hat(v) < tail_ratio * max p_hat keep p(v);
                   "draft" (the authors' code): the shift is applied only where
                   q(v) >= tail_ratio * max q; "none": no guard.
+    prefix_cache_bytes bounds the KV kept across calls for prompts that share a prefix (the
+    next question on the same document, the next chat turn); 0 disables reuse for the call.
     """
 
     eta: float = 5.0
@@ -52,6 +54,7 @@ class RapidConfig:
     retrieval_fallback: RetrievalFallback = "builtin"
     retrieval_timeout: float | None = 30.0
     query_fn: Callable[[str], str] | None = field(default=None, compare=False)
+    prefix_cache_bytes: int = 1 << 30
     # The built-in retriever's embedder: a sentence-transformers name or local path (e.g.
     # "BAAI/bge-m3"), an object with `embed(texts) -> unit vectors`, or None (bundled MiniLM).
     retrieval_embedder: Any = field(default=None, compare=False)
@@ -123,6 +126,7 @@ _CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ),
     ("retrieval_timeout", _optional(lambda v: _real(v) and v > 0), "must be a number > 0 or None"),
     ("query_fn", _optional(callable), "must be a callable str -> str or None"),
+    ("prefix_cache_bytes", lambda v: _int(v) and v >= 0, "must be an integer >= 0 (0 disables)"),
     (
         "retrieval_embedder",
         lambda v: (

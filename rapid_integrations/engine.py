@@ -32,6 +32,7 @@ from .errors import (
 from .kv import KVState
 from .models import load_default, load_model
 from .outputs import FinishReason, RapidOutput, RapidStats, RapidStream
+from .prefix_cache import PrefixCache
 from .tokens import Detokenizer, Prompt, encode_prompt, is_chat, stop_token_ids
 from .verify import verdict
 
@@ -109,6 +110,7 @@ class RapidEngine:
         )
         self.config = config or RapidConfig()
         self.retriever = retriever
+        self.prefix_cache = PrefixCache()
         configs = {
             id(m): m.generation_config for m in (self.target, self.draft) if m.generation_config
         }
@@ -175,21 +177,21 @@ class RapidEngine:
         plan, stats = self._plan(prompt, draft_prompt, mode, overrides)
         cfg = plan.cfg
         gen = torch.Generator(plan.main.device).manual_seed(stats.seed)
-        target = KVState.start(plan.main, plan.ids, self.vocab_size, cfg.prefill_chunk_size)
+        limit = min(cfg.max_new_tokens, plan.window - len(plan.ids))
+        target = self._start(plan.main, plan.ids, limit, cfg)
+        stats.cached_prefix_tokens = target.reused_tokens
         proposer = None
         if plan.draft_ids is not None:
             same = self.draft.device == plan.main.device
             draft_gen = (
                 gen if same else torch.Generator(self.draft.device).manual_seed(stats.seed + 1)
             )
-            draft = KVState.start(
-                self.draft, plan.draft_ids, self.vocab_size, cfg.prefill_chunk_size
-            )
+            draft = self._start(self.draft, plan.draft_ids, limit, cfg)
+            stats.draft_cached_prefix_tokens = draft.reused_tokens
             proposer = ModelProposer(draft, cfg, draft_gen)
         decode_start = time.perf_counter()
         stats.prefill_seconds = decode_start - start
 
-        limit = min(cfg.max_new_tokens, plan.window - len(plan.ids))
         detok = Detokenizer(self.tokenizer, cfg.stop)
         eos = frozenset() if cfg.ignore_eos else self.eos_token_ids
         steps = speculate(target, proposer, cfg, gen, lambda: limit - len(detok.ids), stats)
@@ -206,6 +208,21 @@ class RapidEngine:
         stats.target_forward_passes = target.forward_passes
         stats.draft_forward_passes = proposer.state.forward_passes if proposer else 0
         return RapidOutput(detok.text, detok.ids, finish, stats.finalize(), len(plan.ids))
+
+    def _start(
+        self, model: PreTrainedModel, ids: list[int], limit: int, cfg: RapidConfig
+    ) -> KVState:
+        # A sequence never holds more than its prompt plus `limit` tokens: drafting stops
+        # short of the budget, so drafts in flight fit too.
+        return KVState.start(
+            model,
+            ids,
+            self.vocab_size,
+            cfg.prefill_chunk_size,
+            capacity=len(ids) + limit,
+            prefixes=self.prefix_cache,
+            max_prefix_bytes=cfg.prefix_cache_bytes,
+        )
 
     def _plan(
         self, prompt: Prompt, draft_prompt: Prompt | None, mode: str, overrides: dict[str, Any]

@@ -1,4 +1,4 @@
-"""One model's KV cache for one call: chunked prefill, feeding tokens, and rollback."""
+"""One model's KV cache for one call: chunked prefill, prefix reuse, feeding tokens, rollback."""
 
 from __future__ import annotations
 
@@ -9,6 +9,63 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+
+from .prefix_cache import KV, PrefixCache
+
+
+class BufferedLayer(DynamicLayer):
+    """A DynamicLayer that appends into a buffer allocated once for the whole call.
+
+    transformers' DynamicLayer appends with torch.cat, copying the entire cache on every forward
+    pass: at 8K tokens that is hundreds of MB per step. Here an append writes only the new
+    tokens, and a rollback just moves the length back. `keys` / `values` are views [.., :len, :].
+    """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        shape = (*key_states.shape[:-2], self.capacity, key_states.shape[-1])
+        self._k = key_states.new_empty(shape)
+        self._v = value_states.new_empty((*shape[:-1], value_states.shape[-1]))
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV buffer overflow: {end} > {self.capacity} tokens")
+        self._k[..., self.length : end, :].copy_(key_states)
+        self._v[..., self.length : end, :].copy_(value_states)
+        self._set_length(end)
+        return self.keys, self.values
+
+    def _set_length(self, length: int) -> None:
+        self.length = length
+        self.keys = self._k[..., :length, :]
+        self.values = self._v[..., :length, :]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove and self.is_initialized:
+            self._set_length(self.length - abs(tokens_to_remove))
+
+
+def new_cache(model: PreTrainedModel, capacity: int) -> DynamicCache:
+    """A DynamicCache whose plain attention layers are `BufferedLayer`s of `capacity` tokens."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [
+        BufferedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers
+    ]
+    return cache
 
 
 @dataclass
@@ -26,17 +83,49 @@ class KVState:
     vocab: int
     forward_passes: int = 0
 
+    reused_tokens: int = 0
+
     @classmethod
-    def start(cls, model: PreTrainedModel, prompt: list[int], vocab: int, chunk: int) -> KVState:
-        """Prefill all but the last prompt token in chunks of `chunk`, keeping no logits."""
-        device = model.device
-        ids = torch.tensor(prompt, dtype=torch.long, device=device)
-        state = cls(model, DynamicCache(config=model.config), ids[-1:], vocab)
-        for start in range(0, len(prompt) - 1, chunk):
-            part = ids[start : min(start + chunk, len(prompt) - 1)]
-            # logits_to_keep=1: the prompt's full-vocabulary logits are never materialized.
+    def start(
+        cls,
+        model: PreTrainedModel,
+        prompt: list[int],
+        vocab: int,
+        chunk: int,
+        capacity: int,
+        prefixes: PrefixCache | None = None,
+        max_prefix_bytes: int = 0,
+    ) -> KVState:
+        """Prefill all but the last prompt token, reusing a stored prefix when one matches.
+
+        The rest is read in chunks of `chunk` tokens with one logit row kept per chunk, so the
+        prompt's full-vocabulary logits are never materialized. `capacity` bounds the tokens
+        the sequence will ever hold (prompt, generated, and drafts in flight).
+        """
+        ids = torch.tensor(prompt, dtype=torch.long, device=model.device)
+        state = cls(model, new_cache(model, capacity), ids[-1:], vocab)
+        head = prompt[:-1]
+        reuse = prefixes is not None and max_prefix_bytes > 0 and state._plain_layers()
+        if reuse:
+            state.reused_tokens, kv = prefixes.lookup(model, head)
+            state._load(kv)
+        for start in range(state.reused_tokens, len(head), chunk):
+            part = ids[start : min(start + chunk, len(head))]
             model(input_ids=part[None], **_cache_arg(model, state.cache), logits_to_keep=1)
+        if reuse and head:
+            prefixes.store(model, head, state._views(), max_prefix_bytes)
         return state
+
+    def _plain_layers(self) -> bool:
+        # Sliding-window or recurrent layers do not keep every token's KV: nothing to reuse.
+        return all(isinstance(layer, BufferedLayer) for layer in self.cache.layers)
+
+    def _load(self, kv: KV) -> None:
+        for layer, (k, v) in zip(self.cache.layers, kv, strict=bool(kv)):
+            layer.update(k, v)
+
+    def _views(self) -> KV:
+        return [(layer.keys, layer.values) for layer in self.cache.layers]
 
     @property
     def length(self) -> int:

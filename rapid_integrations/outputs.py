@@ -23,6 +23,7 @@ class RapidStats:
     retrieved_tokens: int = 0
     retrieval_fallback: str | None = None
     cached_prefix_tokens: int = 0
+    draft_cached_prefix_tokens: int = 0
     new_tokens: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0

@@ -39,6 +39,8 @@ BAD_VALUES = {
     "retrieval_fallback": ["ignore"],
     "retrieval_timeout": [0],
     "query_fn": ["not callable"],
+    "prefix_cache_bytes": [-1, 1.5],
+    "retrieval_embedder": [42, object()],
 }
 
 
