@@ -30,7 +30,7 @@ from .errors import (
     VocabularyMismatchError,
 )
 from .kv import KVState
-from .models import load_default, load_model
+from .models import load_default, load_model, lower_precision_copy
 from .outputs import FinishReason, RapidOutput, RapidStats, RapidStream
 from .prefix_cache import PrefixCache
 from .tokens import Detokenizer, Prompt, encode_prompt, is_chat, stop_token_ids
@@ -82,6 +82,8 @@ class RapidEngine:
     target / draft: a transformers model, or a local folder / GGUF file / hub id to load.
     draft=None is self-speculation: the target object drafts too (loaded once, two caches).
     The draft may sit on another device; it must share the target's token ids.
+    draft_precision ("bfloat16", "float16" or "int8") drafts with a cheaper in-memory copy of
+    the draft (of the target, under self-speculation); outputs stay exact, acceptance may drop.
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class RapidEngine:
         draft_device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
         draft_tokenizer: PreTrainedTokenizerBase | None = None,
+        draft_precision: str | None = None,
     ) -> None:
         self.target, loaded_tok = load_model(target, device=device, dtype=dtype)
         self.tokenizer = tokenizer or loaded_tok
@@ -105,6 +108,8 @@ class RapidEngine:
             self.draft, draft_tok = self.target, None
         else:
             self.draft, draft_tok = load_model(draft, device=draft_device or device, dtype=dtype)
+        if draft_precision is not None:
+            self.draft = lower_precision_copy(self.draft, draft_precision)
         self.vocab_size = _shared_vocab(
             self.tokenizer, self.target, self.draft, draft_tokenizer or draft_tok
         )
@@ -309,8 +314,11 @@ def _window(model: PreTrainedModel) -> int:
 
 
 def _width(model: PreTrainedModel) -> int:
-    head = model.get_output_embeddings()
-    return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+    weight = getattr(model.get_output_embeddings(), "weight", None)
+    weight = weight() if callable(weight) else weight  # quantized Linear exposes weight()
+    return (
+        int(weight.shape[0]) if isinstance(weight, torch.Tensor) else int(model.config.vocab_size)
+    )
 
 
 def _shared_vocab(

@@ -152,6 +152,26 @@ def load_model(
     return model.to(device).eval(), tokenizer
 
 
+def lower_precision_copy(model: PreTrainedModel, precision: str) -> PreTrainedModel:
+    """A cheaper copy of `model` to draft with: a "bfloat16" / "float16" cast, or "int8"
+    dynamic quantization of its Linear layers (CPU). Only the target's verdict decides what
+    is emitted, so a less precise draft costs acceptance, never exactness.
+    """
+    import copy
+    import warnings
+
+    import torch
+
+    clone = copy.deepcopy(model)
+    if precision != "int8":
+        return clone.to(resolve_dtype(precision, model.device)).eval()
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch marks quantized tensors deprecated
+        return quantize_dynamic(clone.float(), {torch.nn.Linear}, dtype=torch.qint8).eval()
+
+
 def _tokenizer_for(model: PreTrainedModel) -> PreTrainedTokenizerBase | None:
     from transformers import AutoTokenizer
 

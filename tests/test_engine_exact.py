@@ -143,3 +143,18 @@ def test_float32_model_matches_too():
     for prompt, draft_prompt in random_prompts(10, seed=11):
         out = engine.generate(prompt, draft_prompt, gamma=6)
         assert out.token_ids == reference_greedy(t, tok.encode(prompt), 16, len(tok))
+
+
+@pytest.mark.parametrize("precision", ["int8", "bfloat16"])
+def test_lower_precision_self_draft_keeps_the_identity(tok, precision):
+    """A cheaper copy of the target drafts; only the target's verdict decides the output."""
+    t = tiny_llama(len(tok), seed=21, dtype=torch.float32, scale=0.5)
+    cfg = RapidConfig(eta=0.0, max_new_tokens=16, ignore_eos=True, gamma=5)
+    engine = RapidEngine(t, tokenizer=tok, config=cfg, draft_precision=precision)
+    assert engine.draft is not engine.target
+    accepted = 0
+    for prompt, _ in random_prompts(8, seed=21):
+        out = engine.generate(prompt, prompt)
+        assert out.token_ids == reference_greedy(t, tok.encode(prompt), 16, len(tok))
+        accepted += out.stats.accepted_tokens
+    assert accepted > 0
