@@ -36,9 +36,9 @@ from .retrievers import as_context_retriever
 from .templates import as_query_extractor
 
 if TYPE_CHECKING:
+    # Imported lazily at run time: torch and transformers load only when a RapidLLM is made.
     from rapid_integrations import RapidEngine
 
-MODES = ("rapid", "sd", "lc", "rag")
 # LlamaIndex roles with no chat-template counterpart, mapped to the nearest standard role.
 _ROLES = {
     MessageRole.DEVELOPER: "system",
@@ -90,19 +90,20 @@ class RapidLLM(CustomLLM):
         generate_kwargs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        # Checked here, not by pydantic, so that bad values raise the package's own errors.
-        if mode not in MODES:
-            raise RapidConfigError("mode", f"must be one of {MODES}, got {mode!r}")
+        # Checked here, not by pydantic, so that bad values raise the package's own errors
+        # at construction rather than on the first call.
+        _check_mode(mode)
         (config or RapidConfig()).replace(**(generate_kwargs or {}))
+        model_args = (target, draft, tokenizer, config, device, dtype)
+        if engine is not None and any(arg is not None for arg in model_args):
+            raise RapidConfigError("engine", "pass an engine or its arguments, not both")
         super().__init__(mode=mode, generate_kwargs=generate_kwargs or {}, **kwargs)
         self._retriever = as_context_retriever(retriever)
         self._query_extractor = as_query_extractor(query_extractor)
         if engine is not None:
-            if target is not None or config is not None:
-                raise RapidConfigError("engine", "pass an engine or its arguments, not both")
             self._engine = engine
         else:
-            self._make_engine = _engine_factory(target, draft, tokenizer, config, device, dtype)
+            self._make_engine = _engine_factory(*model_args)
 
     @classmethod
     def class_name(cls) -> str:
@@ -250,6 +251,13 @@ def _engine_factory(
         return RapidEngine(target, draft, tokenizer, config, device=device, dtype=dtype)
 
     return build
+
+
+def _check_mode(mode: str) -> None:
+    from rapid_integrations.engine import MODES
+
+    if mode not in MODES:
+        raise RapidConfigError("mode", f"must be one of {MODES}, got {mode!r}")
 
 
 def _has_chat_template(engine: RapidEngine) -> bool:
