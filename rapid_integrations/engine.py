@@ -211,7 +211,10 @@ class RapidEngine:
         stats.decode_seconds = time.perf_counter() - decode_start
         stats.new_tokens = len(detok.ids)
         stats.target_forward_passes = target.forward_passes
-        stats.draft_forward_passes = proposer.state.forward_passes if proposer else 0
+        stats.target_forward_seconds = target.forward_seconds
+        if proposer:
+            stats.draft_forward_passes = proposer.state.forward_passes
+            stats.draft_forward_seconds = proposer.state.forward_seconds
         return RapidOutput(detok.text, detok.ids, finish, stats.finalize(), len(plan.ids))
 
     def _start(

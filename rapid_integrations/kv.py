@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +83,7 @@ class KVState:
     pending: torch.Tensor  # [k] int64 on the model's device
     vocab: int
     forward_passes: int = 0
+    forward_seconds: float = 0.0  # decode-phase model time (on CUDA: until the next sync)
 
     reused_tokens: int = 0
 
@@ -127,11 +129,6 @@ class KVState:
     def _views(self) -> KV:
         return [(layer.keys, layer.values) for layer in self.cache.layers]
 
-    @property
-    def length(self) -> int:
-        """Tokens in the sequence, pending included."""
-        return self.cache.get_seq_length() + int(self.pending.numel())
-
     def feed(self, tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Read `pending` then `tokens` ([k] ids); return their logits, shape [len, vocab]."""
         ids = (
@@ -139,7 +136,9 @@ class KVState:
             if tokens is None
             else torch.cat([self.pending, tokens.to(self.pending.device)])
         )
+        start = time.perf_counter()
         out = self.model(input_ids=ids[None], **_cache_arg(self.model, self.cache))
+        self.forward_seconds += time.perf_counter() - start
         self.pending = ids[:0]
         self.forward_passes += 1
         return out.logits[0, :, : self.vocab]

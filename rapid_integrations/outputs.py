@@ -12,7 +12,11 @@ FinishReason = Literal["eos", "stop", "length"]
 
 @dataclass
 class RapidStats:
-    """Counters and timings of one call (seconds, tokens). Plain data: `to_dict()` is JSON-ready."""
+    """Counters and timings of one call (seconds, tokens). Plain data: `to_dict()` is JSON-ready.
+
+    overhead_fraction: share of decode time spent outside model forward passes (drafting
+    and acceptance math, detokenization, Python).
+    """
 
     mode: str = "rapid"
     eta: float = 0.0
@@ -34,6 +38,9 @@ class RapidStats:
     time_to_first_token: float = 0.0
     decode_seconds: float = 0.0
     decode_tokens_per_second: float = 0.0
+    target_forward_seconds: float = 0.0
+    draft_forward_seconds: float = 0.0
+    overhead_fraction: float = 0.0
     mean_accepted_per_pass: float = 0.0
 
     def finalize(self) -> RapidStats:
@@ -46,6 +53,10 @@ class RapidStats:
         )
         passes = self.target_forward_passes
         self.mean_accepted_per_pass = self.accepted_tokens / passes if passes else 0.0
+        forward = self.target_forward_seconds + self.draft_forward_seconds
+        self.overhead_fraction = (
+            max(0.0, 1 - forward / self.decode_seconds) if self.decode_seconds else 0.0
+        )
         return self
 
     def to_dict(self) -> dict[str, Any]:
