@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -102,11 +103,13 @@ class ChatRapid(RapidParams, BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         """`_stream` run in a worker thread; the event loop stays free between chunks."""
-        chunks = aiter_in_thread(lambda: self._stream(messages, stop, **kwargs))
-        async for chunk in chunks:
-            if run_manager and chunk.message.chunk_position != "last":
-                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-            yield chunk
+        # aclosing: a consumer that stops early stops the worker now, not at garbage collection.
+        stream = aiter_in_thread(lambda: self._stream(messages, stop, **kwargs))
+        async with contextlib.aclosing(stream) as chunks:
+            async for chunk in chunks:
+                if run_manager and chunk.message.chunk_position != "last":
+                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
 
     def _last_chunk(self, output: RapidOutput) -> ChatGenerationChunk:
         """The closing chunk: no text, the usage and the response metadata (set once only)."""

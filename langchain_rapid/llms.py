@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
@@ -90,10 +91,13 @@ class RapidLLM(RapidParams, BaseLLM):
         **kwargs: Any,
     ) -> AsyncIterator[GenerationChunk]:
         """`_stream` run in a worker thread; the event loop stays free between chunks."""
-        async for chunk in aiter_in_thread(lambda: self._stream(prompt, stop, **kwargs)):
-            if run_manager and chunk.generation_info is None:
-                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-            yield chunk
+        # aclosing: a consumer that stops early stops the worker now, not at garbage collection.
+        stream = aiter_in_thread(lambda: self._stream(prompt, stop, **kwargs))
+        async with contextlib.aclosing(stream) as chunks:
+            async for chunk in chunks:
+                if run_manager and chunk.generation_info is None:
+                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
 
     def _generation_info(self, output: RapidOutput) -> dict[str, Any]:
         return {**self._response_metadata(output), "usage": self._usage(output)}

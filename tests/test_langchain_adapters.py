@@ -32,7 +32,13 @@ from transformers import PreTrainedTokenizerBase
 from langchain_rapid import ChatRapid, RapidLLM, RapidRetrieverAdapter, RapidTimeoutError
 from langchain_rapid._base import aiter_in_thread
 from langchain_rapid.chat_models import to_chat_messages
-from rapid_integrations import RapidConfigError, RapidEngine, RapidError, RapidInputError
+from rapid_integrations import (
+    ContextWindowExceededError,
+    RapidConfigError,
+    RapidEngine,
+    RapidError,
+    RapidInputError,
+)
 
 PROMPT = "abc def"
 MESSAGES = [{"role": "user", "content": PROMPT}]
@@ -236,6 +242,15 @@ def test_batch_with_concurrency_matches_sequential(chat: ChatRapid) -> None:
     sequential = [chat.invoke(p).content for p in prompts]
     batched = chat.batch(prompts, config={"max_concurrency": 3})
     assert [m.content for m in batched] == sequential
+
+
+def test_prompt_over_the_window_raises_unless_truncation_is_chosen(chat: ChatRapid) -> None:
+    too_long = "abc " * 200  # 800 tokens for a 512-position model
+    with pytest.raises(ContextWindowExceededError) as caught:
+        chat.invoke(too_long)
+    assert caught.value.context_window == 512
+    head_tail = chat.model_copy(update={"rapid_kwargs": {"truncation": "head_tail"}})
+    assert head_tail.invoke(too_long, max_tokens=4).usage_metadata["input_tokens"] < 512
 
 
 def test_timeout_stops_generation(chat: ChatRapid) -> None:
