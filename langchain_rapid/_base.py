@@ -32,8 +32,6 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 _T = TypeVar("_T")
 _DONE = object()
-# Per-call options that are not RapidConfig fields; every other keyword is a RapidConfig field.
-_CALL_OPTIONS = ("mode", "draft_prompt", "query", "retriever")
 # Fields of this class that carry a RapidConfig value, under the engine's name for it.
 _CONFIG_FIELDS = {
     "temperature": "temperature",
@@ -178,25 +176,25 @@ class RapidParams(BaseModel):
         return {**self.rapid_kwargs, **named}
 
     def _start(self, prompt: Prompt, stop: list[str] | None, kwargs: dict[str, Any]) -> RapidRun:
-        """Begin one engine call. Per-call `kwargs` override the instance; `max_tokens` and the
-        RapidConfig field names are accepted, unknown names raise `RapidConfigError`."""
-        call = {k: v for k, v in kwargs.items() if k != "stream"}  # LangChain's own streaming flag
-        options = {k: call.pop(k) for k in _CALL_OPTIONS if k in call}
+        """Begin one engine call. Per-call `kwargs` override the instance: `mode`,
+        `draft_prompt`, `retriever`, `query`, `max_tokens` and any RapidConfig field by name;
+        unknown names raise `RapidConfigError`."""
+        call = dict(kwargs)
+        call.pop("stream", None)  # LangChain's own streaming switch, not a generation setting
+        mode = call.pop("mode", self.mode)
+        draft_prompt = call.pop("draft_prompt", None)
         if "max_tokens" in call:
             call["max_new_tokens"] = call.pop("max_tokens")
-        overrides = {**self._config_overrides(), **call}
+        retriever = call.pop("retriever", self.retriever)
+        if retriever is not None:
+            call["retriever"] = as_context_retriever(retriever)
         stop = self.stop if stop is None else stop
         if stop is not None:
-            overrides["stop"] = tuple(stop)
-        retriever = options.pop("retriever", self.retriever)
-        if retriever is not None:
-            overrides["retriever"] = as_context_retriever(retriever)
-        if "query" in options:
-            overrides["query"] = options["query"]
-        stream = self.get_engine().stream(
-            prompt, options.get("draft_prompt"), options.get("mode", self.mode), **overrides
+            call["stop"] = tuple(stop)
+        overrides = {**self._config_overrides(), **call}
+        return RapidRun(
+            self.get_engine().stream(prompt, draft_prompt, mode, **overrides), self.timeout
         )
-        return RapidRun(stream, self.timeout)
 
     def _usage(self, output: RapidOutput) -> dict[str, int]:
         """Real token counts: the target's prompt and the committed tokens."""

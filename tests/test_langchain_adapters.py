@@ -167,6 +167,11 @@ def test_per_call_overrides_reach_the_engine(chat: ChatRapid) -> None:
     assert reply.response_metadata["finish_reason"] == "length"
 
 
+def test_draft_prompt_per_call_skips_retrieval(chat: ChatRapid, tiny_engine: RapidEngine) -> None:
+    stats = chat.invoke(PROMPT, draft_prompt="abc").response_metadata["rapid_stats"]
+    assert stats["draft_context_tokens"] == tiny_engine.count_tokens("abc")
+
+
 def test_unknown_call_argument_names_itself(chat: ChatRapid) -> None:
     with pytest.raises(RapidConfigError, match="frequency_penalty"):
         chat.invoke(PROMPT, frequency_penalty=0.5)
@@ -405,8 +410,8 @@ def test_chat_retriever_feeds_the_draft(tiny_engine: RapidEngine) -> None:
     )
     assert isinstance(chat.retriever, RapidRetrieverAdapter)
     history = [HumanMessage("abc def " * 20), AIMessage("fed"), HumanMessage("def abc")]
-    stats = chat.invoke(history).response_metadata["rapid_stats"]
-    assert retriever.queries, "the LangChain retriever was never asked"
+    stats = chat.invoke(history, query="abc").response_metadata["rapid_stats"]
+    assert retriever.queries == ["abc"], "the LangChain retriever was not asked the query"
     assert stats["retrieval_fallback"] is None
     assert 0 < stats["retrieved_tokens"] <= 8
     assert stats["draft_context_tokens"] < stats["target_context_tokens"]
