@@ -7,29 +7,17 @@ page's claims (right answers, stats, errors) are tested rather than only run.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rapid_integrations import ContextWindowExceededError
+from tests.doc_examples import DOCS, python_sections
 from tests.llamaindex_data import ANSWER, long_document
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "llamaindex.md"
-_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
-
-
-def doc_sections() -> list[tuple[str, str]]:
-    """(heading, code) of each `##` section of the page that holds Python blocks."""
-    sections = []
-    for part in re.split(r"^## ", DOC.read_text(), flags=re.M)[1:]:
-        heading, _, body = part.partition("\n")
-        code = "\n".join(_BLOCK.findall(body))
-        if code:
-            sections.append((heading.strip(), code))
-    return sections
+DOC = DOCS / "llamaindex.md"
+SECTIONS = python_sections(DOC)
 
 
 def _check_setup(ns: dict[str, Any]) -> None:
@@ -87,11 +75,11 @@ def namespace() -> dict[str, Any]:
 
 
 def test_every_section_with_code_is_checked() -> None:
-    assert [heading for heading, _ in doc_sections()] == list(CHECKS)
+    assert [heading for heading, _ in SECTIONS] == list(CHECKS)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("heading", "code"), doc_sections(), ids=list(CHECKS))
+@pytest.mark.parametrize(("heading", "code"), SECTIONS, ids=list(CHECKS))
 def test_docs_example(heading: str, code: str, namespace: dict[str, Any]) -> None:
     exec(compile(code, f"{DOC.name}: {heading}", "exec"), namespace)
     CHECKS[heading](namespace)
