@@ -219,3 +219,16 @@ def test_short_chat_passes_through():
     short = [CHAT[0], CHAT[1], CHAT[2], CHAT[-1]]
     result = prepare_draft_prompt(short, smol_tokenizer(), config=config())
     assert isinstance(result, DraftPrompt) and result.passthrough and result.prompt == short
+
+
+def test_single_long_user_turn_is_split_like_a_string_prompt():
+    tok = smol_tokenizer()
+    chat = [CHAT[0], {"role": "user", "content": PROMPT}]
+    result = prepare_draft_prompt(chat, tok, config=config())
+    parts = split_prompt(PROMPT, tok)
+    system, user = result.prompt
+    assert system == CHAT[0] and user["role"] == "user"
+    assert user["content"].startswith(parts.head) and user["content"].endswith(parts.tail)
+    assert FACT in user["content"] and 0 < result.retrieved_tokens <= BUDGET
+    external = build_draft_prompt(chat, tok, Fixed(["From the store."]), config=config())
+    assert external[1]["content"] == parts.head + "From the store." + parts.tail
