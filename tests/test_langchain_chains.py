@@ -20,6 +20,7 @@ from tests.doc_examples import DOCS, python_sections
 from tests.retrieval_fixtures import smol_tokenizer
 
 PAGE = DOCS / "langchain.md"
+SECTIONS = python_sections(PAGE)
 FACT = "The access code of the amber otter vault is 4721."  # the docs ask for it
 ANSWER = "4721"
 # Long for the draft (its retrieved context is ~100-200 tokens), short enough for two CPU
@@ -109,11 +110,11 @@ def namespace() -> dict[str, Any]:
 
 
 def test_every_docs_section_with_code_is_checked() -> None:
-    assert [heading for heading, _ in python_sections(PAGE)] == list(CHECKS)
+    assert [heading for heading, _ in SECTIONS] == list(CHECKS)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("heading", "code"), python_sections(PAGE), ids=list(CHECKS))
+@pytest.mark.parametrize(("heading", "code"), SECTIONS, ids=[heading for heading, _ in SECTIONS])
 def test_docs_chain(
     heading: str,
     code: str,
