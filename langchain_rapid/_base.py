@@ -137,16 +137,11 @@ class RapidParams(BaseModel):
     @property
     def model_label(self) -> str:
         """The model's name for metadata and tracing; known without loading any weights."""
-        if isinstance(self.model, str):
-            name = self.model
-        elif self.engine is not None:
-            name = self.engine.model_name
-        elif self.model is not None:
-            name = getattr(self.model, "name_or_path", "") or type(self.model).__name__
-        else:
-            return DEFAULT_MODEL_NAME
-        # A local path identifies the model by its last part; the rest is the user's file layout.
-        return os.path.basename(name.rstrip("/\\")) if os.path.isabs(name) else name
+        if self.model is not None:
+            return _name_of(self.model)
+        if self.engine is not None:
+            return _name_of(self.engine.model_name)
+        return DEFAULT_MODEL_NAME
 
     def get_engine(self) -> RapidEngine:
         """The engine, loading the weights on first use (once, even under concurrent calls)."""
@@ -233,11 +228,19 @@ class RapidParams(BaseModel):
         """Everything that changes the output of a call; also the LLM cache key."""
         return {
             "model": self.model_label,
-            "draft_model": None if self.draft_model is None else str(self.draft_model),
+            "draft_model": None if self.draft_model is None else _name_of(self.draft_model),
             "mode": self.mode,
             "stop": self.stop,
             **self._config_overrides(),
         }
+
+
+def _name_of(model: Any) -> str:
+    """A model's name: the string it was given as, or a loaded model's `name_or_path`. A local
+    path is named by its last part; the rest is the user's file layout, not the model."""
+    name = model if isinstance(model, str) else getattr(model, "name_or_path", "")
+    name = name or type(model).__name__
+    return os.path.basename(name.rstrip("/\\")) if os.path.isabs(name) else name
 
 
 class RapidRun:

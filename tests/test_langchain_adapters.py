@@ -101,6 +101,20 @@ def test_construction_loads_nothing() -> None:
     assert ChatRapid()._identifying_params["model"] == "SmolLM2-135M-Instruct"
 
 
+def test_model_object_loads_its_engine_once_on_first_call(
+    target: Any, draft: Any, tok: PreTrainedTokenizerBase
+) -> None:
+    chat = ChatRapid(model=target, draft_model=draft, tokenizer=tok, max_tokens=4)
+    assert chat._engine is None
+    assert chat._identifying_params["draft_model"] == "LlamaForCausalLM"
+    chat.batch([PROMPT, PROMPT], config={"max_concurrency": 2})
+    engine = chat.get_engine()
+    assert engine.target is target
+    assert engine.draft is draft
+    assert chat.invoke(PROMPT).response_metadata["model_name"] == "LlamaForCausalLM"
+    assert chat.get_engine() is engine
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [
