@@ -37,7 +37,19 @@ from .templates import as_query_extractor
 
 if TYPE_CHECKING:
     # Imported lazily at run time: torch and transformers load only when a RapidLLM is made.
+    from pathlib import Path
+
+    import torch
+    from llama_index.core.base.base_retriever import BaseRetriever
+    from llama_index.core.indices.base import BaseIndex
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
     from rapid_integrations import RapidEngine
+    from rapid_integrations.retrieval import ContextRetriever
+
+    from .templates import QueryExtractorLike
+
+    ModelSpec = PreTrainedModel | str | Path
 
 # LlamaIndex roles with no chat-template counterpart, mapped to the nearest standard role.
 _ROLES = {
@@ -71,21 +83,21 @@ class RapidLLM(CustomLLM):
     _engine: RapidEngine | None = PrivateAttr(default=None)
     _make_engine: Callable[[], RapidEngine] | None = PrivateAttr(default=None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-    _retriever: Any = PrivateAttr(default=None)
+    _retriever: ContextRetriever | None = PrivateAttr(default=None)
     _query_extractor: Callable[[str], str | None] = PrivateAttr()
 
     def __init__(
         self,
-        target: Any = None,
-        draft: Any = None,
-        tokenizer: Any = None,
+        target: ModelSpec | None = None,
+        draft: ModelSpec | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
         *,
         engine: RapidEngine | None = None,
         config: RapidConfig | None = None,
-        device: Any = None,
-        dtype: Any = None,
-        retriever: Any = None,
-        query_extractor: Any = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        retriever: ContextRetriever | BaseRetriever | BaseIndex | None = None,
+        query_extractor: QueryExtractorLike | None = None,
         mode: str = "rapid",
         generate_kwargs: dict[str, Any] | None = None,
         **kwargs: Any,
@@ -237,7 +249,12 @@ class RapidLLM(CustomLLM):
 
 
 def _engine_factory(
-    target: Any, draft: Any, tokenizer: Any, config: RapidConfig | None, device: Any, dtype: Any
+    target: ModelSpec | None,
+    draft: ModelSpec | None,
+    tokenizer: PreTrainedTokenizerBase | None,
+    config: RapidConfig | None,
+    device: str | torch.device | None,
+    dtype: str | torch.dtype | None,
 ) -> Callable[[], RapidEngine]:
     """A deferred engine build, so constructing a RapidLLM loads nothing."""
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.indices.base import BaseIndex
 from llama_index.core.schema import MetadataMode, NodeWithScore
 
 from rapid_integrations import RapidInputError
+
+if TYPE_CHECKING:
+    from rapid_integrations.retrieval import ContextRetriever
 
 
 class RapidRetrieverAdapter:
@@ -57,7 +60,9 @@ def _text(node: NodeWithScore) -> str:
     return node.node.get_content(metadata_mode=MetadataMode.NONE)
 
 
-def as_context_retriever(value: Any) -> Any:
+def as_context_retriever(
+    value: ContextRetriever | BaseRetriever | BaseIndex | None,
+) -> ContextRetriever | None:
     """A LlamaIndex retriever or index wrapped in the adapter; anything else (None, or an
     object with `retrieve(query) -> list[str]`) as given."""
     if isinstance(value, (BaseRetriever, BaseIndex)):

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from llama_index.core.prompts import BasePromptTemplate, ChatPromptTemplate, PromptTemplate
 from llama_index.core.prompts.base import SelectorPromptTemplate
@@ -27,6 +26,7 @@ from rapid_integrations import RapidInputError
 
 QUERY_VAR = "query_str"
 TemplateLike = str | BasePromptTemplate
+QueryExtractorLike = Callable[[str], str | None] | TemplateLike | Sequence[TemplateLike]
 DEFAULT_TEMPLATES: tuple[TemplateLike, ...] = (
     DEFAULT_TEXT_QA_PROMPT_SEL,
     DEFAULT_TREE_SUMMARIZE_PROMPT_SEL,
@@ -115,7 +115,7 @@ class QueryExtractor:
         return f"QueryExtractor({len(self.patterns)} patterns)"
 
 
-def as_query_extractor(value: Any) -> QueryExtractor | Any:
+def as_query_extractor(value: QueryExtractorLike | None) -> Callable[[str], str | None]:
     """None -> the default `QueryExtractor`; a template or a list of templates -> one that
     knows them too; any other callable is used as given."""
     if value is None:
