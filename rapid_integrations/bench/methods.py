@@ -1,0 +1,256 @@
+"""The contenders and how one generation of each is measured.
+
+Engine methods (`lc`, `rag`, `sd`, `rapid`) run through `RapidEngine.generate`; the baselines a
+user would reach for run through transformers `generate` on the target: greedy (`hf`) and
+prompt-lookup decoding (`hf-pld`). Every measurement returns the same fields, so one results
+record layout covers all of them (see `Measurement`).
+
+Timing definitions (seconds): prefill_seconds is the prompt's prefill (for transformers, the
+time to the first token, which includes it); time_to_first_token is from the call to the
+first generated token; decode_seconds covers the tokens after prefill, and
+decode_tokens_per_second = new tokens / decode_seconds (for transformers: tokens after the
+first / time after the first).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.generation.streamers import BaseStreamer
+
+from ..engine import RapidEngine
+from ..outputs import RapidStats
+from ..tokens import Detokenizer, encode_prompt
+from .probe import DecodeTimings, ForwardProbe, peak_memory_bytes, reset_peak_memory
+
+ENGINE_METHODS = ("lc", "rag", "sd", "rapid")
+HF_METHODS = ("hf", "hf-pld")
+METHODS = ENGINE_METHODS + HF_METHODS
+PROMPT_LOOKUP_TOKENS = 10
+"""Draft length of transformers' prompt-lookup decoding (the value its docs suggest)."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """One contender: a name from `METHODS`, and eta for `rapid`."""
+
+    name: str
+    eta: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"rapid eta={self.eta:g}" if self.name == "rapid" else self.name
+
+    @property
+    def retrieves(self) -> bool:
+        """True when the method's draft reads the retrieved context C^S."""
+        return self.name in ("rag", "rapid")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one generation produced and cost (tokens, seconds, bytes; None: not applicable)."""
+
+    answer: str
+    finish_reason: str
+    context_tokens: int
+    draft_context_tokens: int
+    new_tokens: int
+    prefill_seconds: float
+    time_to_first_token: float
+    decode_seconds: float
+    decode_tokens_per_second: float | None
+    gamma: int | None = None
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    acceptance_rate: float | None = None
+    mean_accepted_per_pass: float | None = None
+    target_forward_passes: int = 0
+    draft_forward_passes: int = 0
+    cached_prefix_tokens: int = 0
+    forward_seconds: float | None = None
+    outside_forward_fraction: float | None = None
+    main_step_seconds: float | None = None
+    verify_step_seconds: float | None = None
+    draft_step_seconds: float | None = None
+    peak_memory_bytes: int | None = None
+    engine_stats: dict[str, Any] | None = None
+    """Everything `RapidStats` reported, for figures this layout does not name yet."""
+
+
+def measure_engine(
+    engine: RapidEngine,
+    method: Method,
+    prompt: Any,
+    draft_prompt: Any,
+    probe: ForwardProbe,
+    *,
+    cold: bool = True,
+    **overrides: Any,
+) -> Measurement:
+    """One `engine.generate` call of `method` (mode = method name; eta for rapid).
+
+    cold: forget the engine's stored prompt KV first, so the call pays its whole prefill
+    (side-by-side runs on one document must not inherit each other's prefill); False measures
+    reuse, as a user's next question on the same document would see it.
+    """
+    if method.eta is not None:
+        overrides["eta"] = method.eta
+    if cold:
+        engine.prefix_cache.clear()
+    device = engine.target.device
+    probe.reset()
+    reset_peak_memory(device)
+    start = time.perf_counter()
+    out = engine.generate(prompt, draft_prompt, mode=method.name, **overrides)
+    timings = probe.decode_timings(start + out.stats.prefill_seconds)
+    return Measurement(
+        answer=out.text,
+        finish_reason=out.finish_reason,
+        peak_memory_bytes=peak_memory_bytes(device),
+        engine_stats=out.stats.to_dict(),
+        **_stats_fields(out.stats),
+        **_timing_fields(timings, out.stats.decode_seconds),
+    )
+
+
+def _stats_fields(stats: RapidStats) -> dict[str, Any]:
+    drafted = stats.drafted_tokens > 0
+    return {
+        "context_tokens": stats.target_context_tokens,
+        "draft_context_tokens": stats.draft_context_tokens,
+        "new_tokens": stats.new_tokens,
+        "prefill_seconds": stats.prefill_seconds,
+        "time_to_first_token": stats.time_to_first_token,
+        "decode_seconds": stats.decode_seconds,
+        "decode_tokens_per_second": stats.decode_tokens_per_second or None,
+        "gamma": stats.gamma if drafted else None,
+        "drafted_tokens": stats.drafted_tokens,
+        "accepted_tokens": stats.accepted_tokens,
+        "acceptance_rate": stats.acceptance_rate if drafted else None,
+        "mean_accepted_per_pass": stats.mean_accepted_per_pass if drafted else None,
+        "target_forward_passes": stats.target_forward_passes,
+        "draft_forward_passes": stats.draft_forward_passes,
+        "cached_prefix_tokens": stats.cached_prefix_tokens,
+    }
+
+
+def _timing_fields(timings: DecodeTimings, decode_seconds: float) -> dict[str, Any]:
+    outside = None
+    if decode_seconds > 0:
+        outside = max(0.0, decode_seconds - timings.forward_seconds) / decode_seconds
+    return {
+        "forward_seconds": timings.forward_seconds,
+        "outside_forward_fraction": outside,
+        "main_step_seconds": timings.main_step_seconds,
+        "verify_step_seconds": timings.verify_step_seconds,
+        "draft_step_seconds": timings.draft_step_seconds,
+    }
+
+
+class _FirstTokenClock(BaseStreamer):
+    """A transformers streamer that notes when the first generated token arrives."""
+
+    def __init__(self) -> None:
+        self.puts = 0
+        self.first: float | None = None
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts += 1  # the first put is the prompt itself
+        if self.puts == 2:
+            self.first = time.perf_counter()
+
+    def end(self) -> None:
+        """Nothing to flush: only the arrival time matters."""
+
+
+def measure_transformers(
+    engine: RapidEngine,
+    method: Method,
+    prompt_ids: list[int],
+    probe: ForwardProbe,
+    *,
+    max_new_tokens: int,
+    stop: tuple[str, ...] = (),
+) -> Measurement:
+    """Greedy transformers `generate` on the engine's target (prompt lookup for hf-pld)."""
+    model, tokenizer = engine.target, engine.tokenizer
+    eos = sorted(engine.eos_token_ids)
+    extra: dict[str, Any] = {"stop_strings": list(stop), "tokenizer": tokenizer} if stop else {}
+    if method.name == "hf-pld":
+        extra["prompt_lookup_num_tokens"] = PROMPT_LOOKUP_TOKENS
+    ids = torch.tensor([prompt_ids], device=model.device)
+    clock = _FirstTokenClock()
+    probe.reset()
+    reset_peak_memory(model.device)
+    start = time.perf_counter()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=eos[0],
+        streamer=clock,
+        **extra,
+    )
+    total = time.perf_counter() - start
+    first = (clock.first or start + total) - start
+    generated = _until_eos(out[0, len(prompt_ids) :].tolist(), frozenset(eos))
+    decode = total - first
+    passes = sum(1 for c in probe.calls if c.start >= start + first)
+    return Measurement(
+        answer=_text(tokenizer, generated, stop),
+        finish_reason="length" if len(generated) >= max_new_tokens else "eos",
+        context_tokens=len(prompt_ids),
+        draft_context_tokens=0,
+        new_tokens=len(generated),
+        prefill_seconds=first,
+        time_to_first_token=first,
+        decode_seconds=decode,
+        decode_tokens_per_second=(len(generated) - 1) / decode if len(generated) > 1 else None,
+        target_forward_passes=passes + 1,
+        peak_memory_bytes=peak_memory_bytes(model.device),
+        **_timing_fields(probe.decode_timings(start + first), decode),
+    )
+
+
+def _until_eos(ids: list[int], eos: frozenset[int]) -> list[int]:
+    cut = next((i for i, t in enumerate(ids) if t in eos), len(ids))
+    return ids[:cut]
+
+
+def _text(tokenizer: PreTrainedTokenizerBase, ids: list[int], stop: tuple[str, ...]) -> str:
+    """The decoded text cut before the first stop string, as the engine would emit it."""
+    detok = Detokenizer(tokenizer, stop)
+    for token in ids:
+        detok.push(token)
+        if detok.stopped:
+            break
+    detok.finish()
+    return detok.text
+
+
+def warm_up(engine: RapidEngine, methods: list[Method], probe: ForwardProbe) -> None:
+    """One tiny call per method kind, so one-time costs (kernel selection, allocator growth)
+    stay out of the first measurement."""
+    prompt = [{"role": "user", "content": "Say hello."}]
+    ids = encode_prompt(prompt, engine.tokenizer, engine.vocab_size)
+    for method in {m.name: m for m in methods}.values():
+        if method.name in HF_METHODS:
+            measure_transformers(engine, method, ids, probe, max_new_tokens=4)
+        else:
+            measure_engine(engine, method, prompt, prompt, probe, max_new_tokens=4)
+
+
+def model_name(model: PreTrainedModel) -> str:
+    """A short name for a results record: the config's name, else its size."""
+    name = str(getattr(model.config, "_name_or_path", "") or "")
+    if name:
+        return name.rstrip("/").rsplit("/", 1)[-1]
+    layers, hidden = model.config.num_hidden_layers, model.config.hidden_size
+    return f"random-llama-{layers}x{hidden}"

@@ -1,0 +1,102 @@
+"""Models the benchmark runs besides the embedded default as loaded by `RapidEngine`.
+
+* `tiny_pair`: two random Llamas of different depth on the embedded tokenizer's vocabulary,
+  for speed-only runs of downward (small draft) and upward (large draft) speculation;
+* `load_rope_scaled`: the embedded SmolLM2 with linear RoPE scaling past its 8192-token window,
+  for speed-only runs at 16K and 32K tokens;
+* `choose_dtype`: bfloat16 on CUDA; on CPU whichever of float32 and bfloat16 runs a prefill
+  faster here (CPUs with AVX512-BF16 or AMX favour bfloat16, others float32).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from ..models import ensure_default_model
+
+TINY_HIDDEN = 256
+TINY_LAYERS = (2, 8)
+"""Depths of the small and the large tiny model; the small one is the large one's first layers."""
+TINY_BRANCH_SCALE = 0.006
+"""Scale of the attention and MLP output projections. Random layers at full scale make two
+models of different depth agree on ~1% of next tokens; at 0.006 the layers perturb the
+embedding-dominated residual stream little, so greedy speculation between the two accepts
+about 0.8-0.95 of drafted tokens, as with a trained pair. The cost of each step is unchanged."""
+DTYPE_PROBE_TOKENS = 512
+
+
+def tiny_pair(
+    vocab_size: int, window: int, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
+    """(small, large) random Llamas with `vocab_size` logits and a `window`-token window.
+
+    The small model is the large one truncated to its first layers (same embeddings, norm and
+    head), so their next-token choices are related and speculation accepts tokens.
+    """
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=TINY_HIDDEN,
+        intermediate_size=3 * TINY_HIDDEN,
+        num_hidden_layers=TINY_LAYERS[1],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=window,
+        tie_word_embeddings=False,
+    )
+    large = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for layer in large.model.layers:
+            layer.self_attn.o_proj.weight.mul_(TINY_BRANCH_SCALE)
+            layer.mlp.down_proj.weight.mul_(TINY_BRANCH_SCALE)
+    small = LlamaForCausalLM(
+        LlamaConfig(**{**config.to_dict(), "num_hidden_layers": TINY_LAYERS[0]})
+    )
+    small.load_state_dict(large.state_dict(), strict=False)  # the large model's extra layers
+    return small.to(dtype).eval(), large.to(dtype).eval()
+
+
+def load_rope_scaled(
+    window: int, device: torch.device, dtype: torch.dtype
+) -> tuple[AutoModelForCausalLM, int]:
+    """The embedded SmolLM2 with its window stretched to `window` tokens by linear RoPE
+    scaling (transformers 5 `rope_parameters`); returns the model and the scaling factor."""
+    folder = str(ensure_default_model())
+    config = AutoConfig.from_pretrained(folder)
+    factor = max(1, math.ceil(window / config.max_position_embeddings))
+    config.rope_parameters = {**config.rope_parameters, "rope_type": "linear", "factor": factor}
+    config.max_position_embeddings *= factor
+    model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype)
+    return model.to(device).eval(), factor
+
+
+def choose_dtype(
+    model: torch.nn.Module, device: torch.device
+) -> tuple[torch.dtype, dict[str, float]]:
+    """Cast `model` to the faster dtype here and return it with the measured prefill seconds.
+
+    CUDA: bfloat16 without measuring. CPU: a `DTYPE_PROBE_TOKENS`-token forward, best of two,
+    in float32 and in bfloat16.
+    """
+    if device.type == "cuda":
+        model.to(torch.bfloat16)
+        return torch.bfloat16, {}
+    ids = torch.randint(0, model.config.vocab_size, (1, DTYPE_PROBE_TOKENS), device=device)
+    seconds = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model.to(dtype)
+        seconds[str(dtype).removeprefix("torch.")] = min(_forward_seconds(model, ids) for _ in "ab")
+    best = torch.float32 if seconds["float32"] <= seconds["bfloat16"] else torch.bfloat16
+    model.to(best)
+    return best, seconds
+
+
+@torch.inference_mode()
+def _forward_seconds(model: torch.nn.Module, ids: torch.Tensor) -> float:
+    start = time.perf_counter()
+    model(input_ids=ids, logits_to_keep=1)
+    return time.perf_counter() - start

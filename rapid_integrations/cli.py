@@ -1,0 +1,441 @@
+"""The `rapid` command: questions about a text file, a chat over it, and the benchmark.
+
+    rapid ask FILE --question Q [options]   answer one question, then print the stats
+    rapid chat FILE [options]               a multi-turn conversation about FILE (stdin)
+    rapid bench [--quick] [--out DIR]       quality and speed of every method, side by side
+
+Without --model the embedded SmolLM2-135M-Instruct answers (converted once on first use).
+The answer goes to stdout and the stats to stderr; --json prints one JSON object instead
+(one per turn in chat).
+
+Exit codes (after sysexits.h): 0 success; 1 another rapid error; 2 bad usage or option value;
+65 the document is empty, not UTF-8 text, or longer than the model's window; 66 the document
+is missing or unreadable; 69 a model is not available; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from .config import RapidConfig
+from .errors import (
+    ContextWindowExceededError,
+    ModelNotFoundError,
+    RapidConfigError,
+    RapidError,
+    RapidInputError,
+)
+from .outputs import RapidOutput, RapidStats
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_DATAERR = 65
+EXIT_NOINPUT = 66
+EXIT_UNAVAILABLE = 69
+EXIT_INTERRUPTED = 130
+PREFILL_BAR_MIN_TOKENS = 1024
+"""Prompts shorter than this prefill in about a second: no progress bar for them."""
+QUIT_WORDS = frozenset({"exit", "quit", ":q"})
+
+if TYPE_CHECKING:  # the engine imports torch: load it only when a command needs it
+    from .engine import RapidEngine
+
+
+class DocumentError(RapidInputError):
+    """The document file cannot be used; `exit_code` says why (66 missing, 65 bad content)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# ---- entry point ----------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `rapid` command; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    if not args.progress:
+        _silence_progress()
+    try:
+        return int(args.run(args))
+    except RapidError as exc:
+        print(f"rapid: error: {_explain(exc)}", file=sys.stderr)
+        return exit_code(exc)
+    except KeyboardInterrupt:
+        print("rapid: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def exit_code(exc: RapidError) -> int:
+    """The exit status for an error the package raised on purpose."""
+    if isinstance(exc, DocumentError):
+        return exc.exit_code
+    if isinstance(exc, RapidConfigError):
+        return EXIT_USAGE
+    if isinstance(exc, (ContextWindowExceededError, RapidInputError)):
+        return EXIT_DATAERR
+    if isinstance(exc, ModelNotFoundError):
+        return EXIT_UNAVAILABLE
+    return EXIT_ERROR
+
+
+def _explain(exc: RapidError) -> str:
+    if isinstance(exc, ContextWindowExceededError):
+        return (
+            f"{exc}\nrapid: hint: pass --truncation head_tail to keep the document's head and "
+            "tail, or --model a model with a longer window"
+        )
+    return str(exc)
+
+
+# ---- arguments ------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rapid",
+        description="RAPID retrieval-augmented speculative decoding over long documents.",
+        epilog="Exit codes: 0 ok, 1 error, 2 usage, 65 bad document, 66 no document, "
+        "69 model unavailable, 130 interrupted.",
+    )
+    parser.set_defaults(command=None)
+    sub = parser.add_subparsers(title="commands")
+    ask = sub.add_parser("ask", help="answer one question about a text file")
+    ask.add_argument("file", type=Path, help="UTF-8 text file to read")
+    ask.add_argument("-q", "--question", required=True, help="the question to answer")
+    _generation_options(ask)
+    ask.set_defaults(command="ask", run=run_ask)
+    chat = sub.add_parser("chat", help="a conversation about a text file (questions on stdin)")
+    chat.add_argument("file", type=Path, help="UTF-8 text file to read")
+    _generation_options(chat)
+    chat.set_defaults(command="chat", run=run_chat)
+    bench = sub.add_parser("bench", help="benchmark quality and speed of every method")
+    _bench_options(bench)
+    bench.set_defaults(command="bench", run=run_bench_command)
+    return parser
+
+
+def _common_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="target model: local folder or .gguf (default: embedded)")
+    p.add_argument("--draft", help="draft model (default: the target itself)")
+    p.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
+    p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: CUDA when present)")
+    p.add_argument("--seed", type=int, help="random seed")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="hide progress bars"
+    )
+
+
+def _generation_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--mode",
+        default="rapid",
+        choices=("rapid", "sd", "lc", "rag"),
+        help="rapid (default), sd, lc (target alone) or rag (draft on retrieved text)",
+    )
+    p.add_argument("--eta", type=float, help=f"transfer strength (default {RapidConfig.eta})")
+    p.add_argument("--gamma", type=int, help=f"draft tokens per step (default {RapidConfig.gamma})")
+    p.add_argument("--temperature", type=float, help="0 for greedy (default 0)")
+    p.add_argument("--top-p", type=float, help="nucleus sampling mass (default 1)")
+    p.add_argument(
+        "--max-new-tokens", type=int, help=f"answer cap (default {RapidConfig.max_new_tokens})"
+    )
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument(
+        "--truncation",
+        choices=("error", "head_tail"),
+        help="a prompt beyond the window: error (default) or keep head and tail",
+    )
+    p.add_argument("--retrieval-budget", type=int, help="tokens of retrieved context C^S")
+    _common_options(p)
+
+
+def _bench_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="small preset: ~10 min on 2 CPU cores")
+    p.add_argument("--out", type=Path, help="output folder (default bench-out)")
+    p.add_argument("--lengths", type=_ints, help="context lengths, e.g. 2048,4096,8192")
+    p.add_argument("--kinds", type=_words, help="task kinds: single,two,chat")
+    p.add_argument("--tasks", dest="per_cell", type=int, help="tasks per kind and length")
+    p.add_argument("--methods", type=_words, help="lc,rag,sd,rapid,hf,hf-pld")
+    p.add_argument("--etas", type=_floats, help="eta values of rapid, e.g. 0,5,10")
+    p.add_argument("--max-new-tokens", type=int, help="answer cap of QA runs")
+    p.add_argument("--speed-tokens", type=int, help="tokens decoded by speed-only runs")
+    p.add_argument("--rope-lengths", type=_ints, help="RoPE-scaled speed runs ('' to skip)")
+    p.add_argument(
+        "--no-tiny-speed",
+        dest="tiny_speed",
+        action="store_false",
+        default=None,
+        help="skip the upward/downward runs with tiny random models",
+    )
+    p.add_argument(
+        "--tiny-models",
+        action="store_true",
+        default=None,
+        help="run the QA suite on tiny random models (a fast smoke run)",
+    )
+    _common_options(p)
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(w.strip() for w in text.split(",") if w.strip())
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(w) for w in _words(text))
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(w) for w in _words(text))
+
+
+def _silence_progress() -> None:
+    os.environ["TQDM_DISABLE"] = "1"  # tqdm >= 4.66 reads it: covers every library's bars
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+# ---- documents and engines ------------------------------------------------------------------
+
+
+def read_document(path: Path) -> str:
+    """The text of `path`; raises `DocumentError` when it is missing, unreadable or empty."""
+    if not path.exists():
+        raise DocumentError(f"{path}: no such file", EXIT_NOINPUT)
+    if path.is_dir():
+        raise DocumentError(f"{path}: is a directory, not a text file", EXIT_NOINPUT)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DocumentError(f"{path}: not UTF-8 text ({exc.reason})", EXIT_DATAERR) from exc
+    except OSError as exc:
+        raise DocumentError(f"{path}: cannot read: {exc.strerror}", EXIT_NOINPUT) from exc
+    if not text.strip():
+        raise DocumentError(f"{path}: the document is empty", EXIT_DATAERR)
+    return text
+
+
+def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """`RapidConfig` fields given on the command line (validated: bad values raise
+    `RapidConfigError` naming the field)."""
+    fields = {
+        "eta": args.eta,
+        "gamma": args.gamma,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "max_new_tokens": args.max_new_tokens,
+        "stop": tuple(args.stop) if args.stop else None,
+        "truncation": args.truncation,
+        "retrieval_budget": args.retrieval_budget,
+        "seed": args.seed,
+    }
+    given = {k: v for k, v in fields.items() if v is not None}
+    RapidConfig().replace(**given)  # fail fast, before any model loads
+    return given
+
+
+def build_engine(args: argparse.Namespace) -> RapidEngine:
+    """The engine the options describe: --model/--draft, else the embedded default."""
+    from .engine import RapidEngine
+    from .models import default_model_dir, ensure_default_model
+
+    fields = config_overrides(args)
+    if args.model:
+        config = RapidConfig().replace(**fields)
+        return RapidEngine(
+            args.model, args.draft, config=config, device=args.device, dtype=args.dtype
+        )
+    if not (default_model_dir() / "config.json").is_file():
+        print("rapid: converting the embedded model once (about 20 s)...", file=sys.stderr)
+        ensure_default_model(progress=args.progress)
+    return RapidEngine.from_default(args.draft, device=args.device, dtype=args.dtype, **fields)
+
+
+# ---- ask and chat ---------------------------------------------------------------------------
+
+
+def run_ask(args: argparse.Namespace) -> int:
+    """`rapid ask FILE --question Q`: one answer, then its stats."""
+    document = read_document(args.file)
+    if not args.question.strip():
+        raise RapidInputError("the question is empty")
+    from .demo import demo_messages  # imports torch: only once the input is known good
+
+    engine = build_engine(args)
+    out = answer(engine, demo_messages(document, args.question), args, sys.stdout)
+    if args.json:
+        print(json.dumps(_json_result(args, args.question, out)))
+    return EXIT_OK
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    """`rapid chat FILE`: questions from stdin, one per line, until EOF or `quit`."""
+    document = read_document(args.file)
+    from .demo import demo_messages  # imports torch: only once the input is known good
+
+    engine = build_engine(args)
+    opening = demo_messages(document, "")
+    size = engine.count_tokens(opening)
+    if size >= engine.context_window and args.truncation != "head_tail":
+        raise ContextWindowExceededError(size, engine.context_window)
+    interactive = sys.stdin.isatty() and not args.json
+    if interactive:
+        print(f"{args.file}: {size} tokens. Ask away; 'quit' or Ctrl-D ends.", file=sys.stderr)
+    history: list[dict[str, str]] = []
+    for question in _questions(sys.stdin, interactive):
+        turn = {"role": "user", "content": question}
+        messages = [*history, turn] if history else demo_messages(document, question)
+        out = answer(engine, messages, args, sys.stdout)
+        if args.json:
+            print(json.dumps(_json_result(args, question, out)), flush=True)
+        history = [*messages, {"role": "assistant", "content": out.text.strip()}]
+    return EXIT_OK
+
+
+def _questions(stream: TextIO, interactive: bool) -> Iterator[str]:
+    """Non-empty lines of `stream` until EOF or a quit word, prompting when interactive."""
+    while True:
+        if interactive:
+            print("you> ", end="", file=sys.stderr, flush=True)
+        line = stream.readline()
+        if not line or line.strip().lower() in QUIT_WORDS:
+            return
+        if line.strip():
+            yield line.strip()
+
+
+def answer(
+    engine: RapidEngine, messages: list[dict[str, str]], args: argparse.Namespace, out: TextIO
+) -> RapidOutput:
+    """Generate the reply to `messages`. Text mode streams it to `out` and the stats to stderr;
+    JSON mode only returns it."""
+    with _prefill_progress(engine, messages, args.progress) as first_token:
+        stream = engine.stream(messages, mode=args.mode)
+        for delta in stream:
+            first_token()
+            if not args.json:
+                out.write(delta)
+                out.flush()
+    result = stream.output
+    assert result is not None  # the stream ran to its end
+    if not args.json:
+        out.write("\n")
+        out.flush()  # the answer's end before the stats, when both go to one terminal
+        print(format_stats(result), file=sys.stderr)
+    return result
+
+
+@contextmanager
+def _prefill_progress(
+    engine: RapidEngine, messages: list[dict[str, str]], enabled: bool
+) -> Iterator[Callable[[], None]]:
+    """A progress bar over the prompt tokens the target reads before the first answer token.
+
+    The engine prefills in chunks; a forward hook on the target counts the tokens of each
+    chunk as it completes. Yields a function to call on the first token: it closes the bar.
+    """
+    from tqdm.auto import tqdm
+
+    total = engine.count_tokens(messages)
+    show = enabled and total >= PREFILL_BAR_MIN_TOKENS
+    bar = tqdm(total=total, unit="tok", desc="reading", leave=False, disable=None if show else True)
+
+    def after(module: Any, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and not bar.disable:
+            bar.update(min(int(ids.shape[-1]), bar.total - bar.n))
+
+    handle = engine.target.register_forward_hook(after, with_kwargs=True)
+    try:
+        yield bar.close
+    finally:
+        handle.remove()
+        bar.close()
+
+
+def format_stats(out: RapidOutput) -> str:
+    """One line of stats for a shell user (seconds, tokens)."""
+    s: RapidStats = out.stats
+    parts = [
+        f"[{s.mode}] {s.new_tokens} tokens ({out.finish_reason})",
+        f"decode {s.decode_tokens_per_second:.1f} tok/s",
+        f"prefill {s.prefill_seconds:.1f} s",
+        f"first token {s.time_to_first_token:.1f} s",
+        f"target context {s.target_context_tokens} tokens",
+    ]
+    if s.draft_context_tokens:
+        parts.append(f"draft context {s.draft_context_tokens} tokens")
+    if s.drafted_tokens:
+        parts.append(f"acceptance {s.acceptance_rate:.2f} (eta {s.eta:g}, gamma {s.gamma})")
+    if s.retrieval_fallback:
+        parts.append(f"retrieval fell back: {s.retrieval_fallback}")
+    return " | ".join(parts)
+
+
+def _json_result(args: argparse.Namespace, question: str, out: RapidOutput) -> dict[str, Any]:
+    return {
+        "file": str(args.file),
+        "question": question,
+        "answer": out.text,
+        "token_ids": out.token_ids,
+        "finish_reason": out.finish_reason,
+        "prompt_tokens": out.prompt_tokens,
+        "stats": out.stats.to_dict(),
+    }
+
+
+# ---- bench ----------------------------------------------------------------------------------
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    """`rapid bench`: run the benchmark, write DIR/results.json, results.md and plots."""
+    from .bench.runner import BenchSettings, run_bench
+
+    settings = BenchSettings.preset(
+        args.quick,
+        out=args.out,
+        lengths=args.lengths,
+        kinds=args.kinds,
+        per_cell=args.per_cell,
+        methods=args.methods,
+        etas=args.etas,
+        max_new_tokens=args.max_new_tokens,
+        speed_tokens=args.speed_tokens,
+        rope_lengths=args.rope_lengths,
+        tiny_speed=args.tiny_speed,
+        tiny_models=args.tiny_models,
+        model=args.model,
+        draft=args.draft,
+        dtype=args.dtype,
+        device=args.device,
+        seed=args.seed,
+        progress=args.progress,
+    )
+    out = run_bench(settings)
+    results = json.loads((out / "results.json").read_text())
+    if args.json:
+        keep = ("machine", "dtype", "wall_seconds", "summary", "speed_figures")
+        print(json.dumps({"out": str(out), **{k: results.get(k) for k in keep}}))
+    else:
+        print((out / "results.md").read_text())
+        print(f"rapid: wrote {out / 'results.json'}", file=sys.stderr)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,285 @@
+"""The benchmark: answer scoring, deterministic tasks, settings, measurement, and a smoke run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rapid_integrations import RapidConfigError
+from rapid_integrations.bench.dataset import TASK_KINDS, build_tasks
+from rapid_integrations.bench.methods import METHODS, Method
+from rapid_integrations.bench.models import load_rope_scaled, tiny_pair
+from rapid_integrations.bench.probe import ForwardProbe, peak_memory_bytes, reset_peak_memory
+from rapid_integrations.bench.report import PLOTS, length_name, summarize
+from rapid_integrations.bench.runner import BenchSettings
+from rapid_integrations.bench.scoring import exact_match, normalize_words, token_f1
+from rapid_integrations.cli import main
+from rapid_integrations.tokens import encode_prompt
+
+REQUIRED_FIELDS = {
+    "method",
+    "eta",
+    "task",
+    "context_tokens",
+    "accuracy",
+    "prefill_seconds",
+    "decode_tokens_per_second",
+    "acceptance_rate",
+    "time_to_first_token",
+    "suite",
+    "context_label",
+    "turn",
+    "f1",
+    "peak_memory_bytes",
+    "outside_forward_fraction",
+    "verify_step_seconds",
+    "main_step_seconds",
+    "cached_prefix_tokens",
+}
+
+
+@pytest.fixture(scope="module")
+def smol_tokenizer():
+    from transformers import AutoTokenizer
+
+    from rapid_integrations.models import ensure_default_model
+
+    return AutoTokenizer.from_pretrained(str(ensure_default_model()))
+
+
+# ---- scoring --------------------------------------------------------------------------------
+
+
+def test_normalize_drops_case_punctuation_and_articles():
+    assert normalize_words("The Code is 4721.") == ["code", "is", "4721"]
+
+
+@pytest.mark.parametrize(
+    ("prediction", "references", "expected"),
+    [
+        ("The access code is 4721.", ["4721"], 1.0),
+        ("It is in LISBON; code 4721", ["Lisbon", "4721"], 1.0),
+        ("It is in Lisbon.", ["Lisbon", "4721"], 0.0),  # every reference is required
+        ("code 47210", ["4721"], 0.0),  # whole words only
+        ("in new york city", ["New York"], 1.0),  # multi-word references as a run
+        ("york new", ["New York"], 0.0),
+        ("anything", [], 0.0),
+    ],
+)
+def test_exact_match(prediction, references, expected):
+    assert exact_match(prediction, references) == expected
+
+
+def test_token_f1():
+    assert token_f1("4721", ["4721"]) == 1.0
+    assert token_f1("nothing here", ["4721"]) == 0.0
+    assert token_f1("code is 4721", ["4721"]) == pytest.approx(0.5)  # precision 1/3, recall 1
+    assert token_f1("Lisbon", ["Lisbon", "4721"]) == pytest.approx(2 / 3)
+
+
+# ---- tasks ----------------------------------------------------------------------------------
+
+
+def test_tasks_are_deterministic_and_seeded(smol_tokenizer):
+    first = build_tasks(smol_tokenizer, lengths=(1024,), per_cell=2, seed=3)
+    again = build_tasks(smol_tokenizer, lengths=(1024,), per_cell=2, seed=3)
+    other = build_tasks(smol_tokenizer, lengths=(1024,), per_cell=2, seed=4)
+    assert first == again
+    assert [t.messages for t in first] != [t.messages for t in other]
+    assert [t.task_id for t in first] == [
+        f"{kind}-1024-{i}" for kind in TASK_KINDS for i in range(2)
+    ]
+    # A task does not depend on which other tasks are built.
+    alone = build_tasks(smol_tokenizer, kinds=("chat",), lengths=(1024,), per_cell=1, seed=3)
+    assert alone[0] == first[4]
+
+
+@pytest.mark.parametrize("length", [1024, 8192])
+def test_tasks_fit_their_length_and_plant_their_facts(smol_tokenizer, length):
+    for task in build_tasks(smol_tokenizer, lengths=(length,), seed=0):
+        tokens = len(encode_prompt(task.messages, smol_tokenizer, len(smol_tokenizer)))
+        assert 0.7 * length < tokens <= length - 48  # room for a 48-token answer
+        text = "\n".join(m["content"] for m in task.messages)
+        assert all(fact in text for fact in task.facts)
+        assert all(any(ref in fact for fact in task.facts) for ref in task.references)
+
+
+def test_task_kinds_shape(smol_tokenizer):
+    single, two, chat = build_tasks(smol_tokenizer, lengths=(2048,), seed=1)
+    assert len(single.references) == 1 and single.followup is None
+    assert len(two.references) == 2 and len(two.facts) == 2
+    document = two.messages[-1]["content"]
+    place, code = (document.index(f) for f in two.facts)
+    assert place < len(document) / 2 < code  # the two facts sit in different halves
+    follow = two.followup
+    assert follow is not None and follow.references == (two.references[1],)
+    shared = follow.messages[-1]["content"].rsplit("Question:", 1)[0]
+    assert document.startswith(shared)  # same document, new question
+    turns = [m["role"] for m in chat.messages]
+    assert turns[0] == "system" and turns[-1] == "user" and len(turns) > 10
+    stated = next(i for i, m in enumerate(chat.messages) if chat.facts[0] in m["content"])
+    assert stated < len(turns) - 4  # said many turns before the question
+
+
+def test_unknown_task_kind_is_a_config_error(smol_tokenizer):
+    with pytest.raises(RapidConfigError, match="kinds"):
+        build_tasks(smol_tokenizer, kinds=("single", "poem"))
+
+
+# ---- settings and methods -------------------------------------------------------------------
+
+
+def test_settings_presets_and_validation():
+    quick = BenchSettings.preset(True, per_cell=None, seed=7)
+    assert quick.quick and quick.per_cell == 1 and quick.seed == 7
+    labels = [m.label for m in quick.method_list()]
+    assert labels[:3] == ["lc", "rag", "sd"] and labels[-2:] == ["hf", "hf-pld"]
+    assert sum(m.name == "rapid" for m in quick.method_list()) == len(quick.etas)
+    assert set(BenchSettings().methods) == set(METHODS)
+    for field, value in [("methods", ("lc", "nope")), ("lengths", (100,)), ("etas", (-1.0,))]:
+        with pytest.raises(RapidConfigError, match=field):
+            BenchSettings(**{field: value})
+
+
+def test_method_labels():
+    assert Method("rapid", 5.0).label == "rapid eta=5"
+    assert Method("rapid", 0.5).retrieves and Method("rag").retrieves
+    assert not Method("sd").retrieves and Method("hf-pld").label == "hf-pld"
+
+
+# ---- measurement helpers --------------------------------------------------------------------
+
+
+def test_forward_probe_tells_roles_and_decode_passes():
+    small, large = tiny_pair(vocab_size=300, window=128)
+    ids = torch.arange(40)[None]
+    with ForwardProbe([large, small]) as probe:
+        large.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        assert [c.tokens for c in probe.calls] == [40, 1, 1, 1]
+        assert {c.role for c in probe.calls} == {0}
+        timings = probe.decode_timings(probe.calls[1].start)
+        assert timings.main_step_seconds is not None and timings.verify_step_seconds is None
+        assert timings.forward_seconds == pytest.approx(sum(c.seconds for c in probe.calls[1:]))
+    large(ids)  # hooks are gone once the probe is left
+    assert len(probe.calls) == 4
+
+
+def test_tiny_pair_shares_the_small_models_weights():
+    small, large = tiny_pair(vocab_size=300, window=128)
+    assert small.config.num_hidden_layers < large.config.num_hidden_layers
+    assert torch.equal(small.lm_head.weight, large.lm_head.weight)
+    assert torch.equal(
+        small.model.layers[0].mlp.up_proj.weight, large.model.layers[0].mlp.up_proj.weight
+    )
+
+
+def test_peak_memory_is_positive():
+    cpu = torch.device("cpu")
+    reset_peak_memory(cpu)
+    assert peak_memory_bytes(cpu) > 0
+
+
+@pytest.mark.slow
+def test_rope_scaled_model_has_the_longer_window():
+    model, factor = load_rope_scaled(16384, torch.device("cpu"), torch.float32)
+    assert factor == 2 and model.config.max_position_embeddings == 16384
+    assert model.config.rope_parameters["rope_type"] == "linear"
+
+
+def test_summary_pools_rates_and_divides_by_lc():
+    def record(method, eta, tokens, seconds, drafted=0, accepted=0):
+        return {
+            "suite": "qa",
+            "method": method,
+            "label": method,
+            "eta": eta,
+            "context_label": 2048,
+            "turn": 1,
+            "task": "single",
+            "context_tokens": 2000,
+            "draft_context_tokens": 0,
+            "accuracy": 1.0,
+            "f1": 0.5,
+            "needle_recall": None,
+            "new_tokens": tokens,
+            "decode_tokens_per_second": tokens / seconds,
+            "decode_seconds": seconds,
+            "drafted_tokens": drafted,
+            "accepted_tokens": accepted,
+            "prefill_seconds": 1.0,
+            "time_to_first_token": 1.1,
+            "retrieval_seconds": None,
+            "forward_seconds": seconds / 2,
+            "main_step_seconds": None,
+            "verify_step_seconds": None,
+            "draft_step_seconds": None,
+            "peak_memory_bytes": 10,
+        }
+
+    records = [
+        record("lc", None, 10, 1.0),
+        record("lc", None, 30, 1.0),  # pooled: 40 tokens / 2 s = 20 tok/s
+        record("rapid", 5.0, 60, 1.0, drafted=80, accepted=60),
+    ]
+    rows = {(r["method"], r["task"]): r for r in summarize(records)}
+    assert rows["lc", "all"]["decode_tokens_per_second"] == pytest.approx(20.0)
+    assert rows["rapid", "single"]["speedup_vs_lc"] == pytest.approx(3.0)
+    assert rows["rapid", "all"]["acceptance_rate"] == pytest.approx(0.75)
+    assert rows["lc", "all"]["outside_forward_fraction"] == pytest.approx(0.5)
+    assert length_name(8192) == "8K" and length_name(512) == "512"
+
+
+# ---- a whole run on tiny random models ------------------------------------------------------
+
+
+def test_bench_smoke_run_writes_results_table_and_plots(tmp_path, capsys):
+    out = tmp_path / "bench"
+    argv = [
+        "bench",
+        "--tiny-models",
+        "--lengths",
+        "512",
+        "--tasks",
+        "1",
+        "--etas",
+        "0,5",
+        "--max-new-tokens",
+        "6",
+        "--speed-tokens",
+        "6",
+        "--rope-lengths",
+        "",
+        "--out",
+        str(out),
+        "--json",
+        "--no-progress",
+    ]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    results = json.loads((out / "results.json").read_text())
+    assert printed["out"] == str(out) and printed["summary"] == results["summary"]
+    records = results["records"]
+    assert set(records[0]) >= REQUIRED_FIELDS
+    qa = [r for r in records if r["suite"] == "qa" and r["turn"] == 1]
+    assert len(qa) == len(TASK_KINDS) * (len(METHODS) + 1)  # rapid at two etas
+    assert {r["method"] for r in qa} == set(METHODS)
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in qa)
+    followup = [r for r in records if r["turn"] == 2]
+    assert len(followup) == 1 and followup[0]["method"] == "rapid"
+    assert followup[0]["cached_prefix_tokens"] > 0  # the document's KV was reused
+    suites = {r["suite"] for r in records}
+    assert suites == {"qa", "tiny-downward", "tiny-upward"}
+    speed = [r for r in records if r["suite"] != "qa"]
+    assert all(r["accuracy"] is None and r["new_tokens"] == 6 for r in speed)
+    rapid = [r for r in speed if r["method"] == "rapid"]
+    assert all(r["acceptance_rate"] is not None and r["verify_step_seconds"] for r in rapid)
+    assert {f["figure"] for f in results["speed_figures"]} >= {
+        "verify step / target decode step",
+        "share of decode time outside forward passes",
+    }
+    table = (out / "results.md").read_text()
+    assert "| context | method | accuracy |" in table and "rapid eta=5" in table
+    for name in PLOTS:
+        assert (out / name).read_bytes().startswith(b"\x89PNG")
