@@ -223,14 +223,17 @@ class RapidLLM(CustomLLM):
     def _call_args(
         self, prompt: str | list[dict[str, str]], kwargs: dict[str, Any]
     ) -> dict[str, Any]:
-        """Engine arguments of one call: mode, retriever, the extracted query, overrides."""
+        """Engine arguments of one call: mode, retriever, the extracted query, overrides.
+
+        A query given per call, or a `query_fn` in the configuration, wins over extraction.
+        """
         args: dict[str, Any] = {"mode": self.mode, **self.generate_kwargs, **kwargs}
         if self._retriever is not None:
             args.setdefault("retriever", self._retriever)
+        if "query" in args or args.get("query_fn", self.engine.config.query_fn) is not None:
+            return args
         query = self._query_extractor(_last_user_text(prompt))
-        if query:
-            args.setdefault("query", query)
-        return args
+        return {**args, "query": query} if query else args
 
     def _stream(
         self, prompt: str | list[dict[str, str]], args: dict[str, Any]

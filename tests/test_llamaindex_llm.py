@@ -267,6 +267,15 @@ def test_a_custom_template_is_a_query_extractor(engine: RapidEngine) -> None:
     assert spy.queries == [QUESTION]
 
 
+def test_an_explicit_query_or_query_fn_wins_over_extraction(engine: RapidEngine) -> None:
+    spy = SpyRetriever(["ghi jkl."])
+    llm = _qa_llm(engine, spy)
+    prompt = DEFAULT_TEXT_QA_PROMPT.format(context_str=CONTEXT, query_str=QUESTION)
+    llm.complete(prompt, formatted=True, query="abc")
+    llm.complete(prompt, formatted=True, query_fn=lambda text: "def")
+    assert spy.queries == ["abc", "def"]
+
+
 # -- context window ---------------------------------------------------------------------------
 
 
