@@ -174,6 +174,7 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etas", type=_floats, help="eta values of rapid, e.g. 0,5,10")
     p.add_argument("--max-new-tokens", type=int, help="answer cap of QA runs")
     p.add_argument("--speed-tokens", type=int, help="tokens decoded by speed-only runs")
+    p.add_argument("--speed-lengths", type=_ints, help="fixed-length speed runs ('' to skip)")
     p.add_argument("--rope-lengths", type=_ints, help="RoPE-scaled speed runs ('' to skip)")
     p.add_argument(
         "--no-tiny-speed",
@@ -416,6 +417,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         etas=args.etas,
         max_new_tokens=args.max_new_tokens,
         speed_tokens=args.speed_tokens,
+        speed_lengths=args.speed_lengths,
         rope_lengths=args.rope_lengths,
         tiny_speed=args.tiny_speed,
         tiny_models=args.tiny_models,

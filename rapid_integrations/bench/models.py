@@ -2,7 +2,7 @@
 
 * `tiny_pair`: two random Llamas of different depth on the embedded tokenizer's vocabulary,
   for speed-only runs of downward (small draft) and upward (large draft) speculation;
-* `load_rope_scaled`: the embedded SmolLM2 with linear RoPE scaling past its 8192-token window,
+* `load_rope_scaled`: a model (the embedded SmolLM2) with linear RoPE scaling past its window,
   for speed-only runs at 16K and 32K tokens;
 * `choose_dtype`: bfloat16 on CUDA; on CPU whichever of float32 and bfloat16 runs a prefill
   faster here (CPUs with AVX512-BF16 or AMX favour bfloat16, others float32).
@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-
-from ..models import ensure_default_model
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+)
 
 TINY_HIDDEN = 256
 TINY_LAYERS = (2, 8)
@@ -61,11 +66,10 @@ def tiny_pair(
 
 
 def load_rope_scaled(
-    window: int, device: torch.device, dtype: torch.dtype
-) -> tuple[AutoModelForCausalLM, int]:
-    """The embedded SmolLM2 with its window stretched to `window` tokens by linear RoPE
-    scaling (transformers 5 `rope_parameters`); returns the model and the scaling factor."""
-    folder = str(ensure_default_model())
+    folder: str | Path, window: int, device: torch.device, dtype: torch.dtype
+) -> tuple[PreTrainedModel, int]:
+    """The model in `folder` with its window stretched to at least `window` tokens by linear
+    RoPE scaling (transformers 5 `rope_parameters`); returns it and the integer factor."""
     config = AutoConfig.from_pretrained(folder)
     factor = max(1, math.ceil(window / config.max_position_embeddings))
     config.rope_parameters = {**config.rope_parameters, "rope_type": "linear", "factor": factor}

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
 from typing import Any
+
+from ..config import RapidConfig
 
 SCHEMA_VERSION = 1
 GROUP_KEYS = ("suite", "method", "label", "eta", "context_label", "turn")
@@ -117,72 +120,94 @@ def _find(summary: list[Record], **key: Any) -> Record | None:
     return next((r for r in summary if all(r[k] == v for k, v in key.items())), None)
 
 
-# ---- the speed figures of issue 7 -----------------------------------------------------------
+# ---- figures against the issues' targets ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A bound a figure should meet: value >= bound (or <= when not `above`)."""
+
+    bound: float
+    above: bool = True
+
+    @property
+    def text(self) -> str:
+        return f"{'>=' if self.above else '<='} {self.bound:g}"
+
+    def met(self, value: float | None) -> bool | None:
+        if value is None:
+            return None
+        return value >= self.bound if self.above else value <= self.bound
+
+
+AT_8K = 8192
+SPEEDUP_TARGETS = {"qa": {AT_8K: _Target(1.5)}, "speed": {AT_8K: _Target(2.0), 32768: _Target(3.0)}}
+"""Decode speedup of rapid over lc: issue 6 on QA answers at 8K; issue 7 on fixed-length
+decoding at 8K and (RoPE-scaled) 32K."""
 
 
 def speed_figures(
     records: list[Record], summary: list[Record], meta: dict[str, Any]
 ) -> list[Record]:
-    """The targets the benchmark is judged by, each with its measured value and whether it is
-    met (None when the run did not measure it). See docs/benchmarks.md."""
-    qa = [r for r in summary if r["suite"] == "qa" and r["task"] == TASK_ALL and r["turn"] == 1]
-    rapid = [r for r in qa if r["method"] == "rapid" and r["eta"] == _default_eta(meta)]
-    figures = [*_followup_figures(records), *_acceptance_figures(rapid)]
-    for row in rapid:
-        lc = _find(qa, method="lc", context_label=row["context_label"])
-        figures += _step_figures(row, lc, meta)
-    for row in summary:
-        if row["suite"] == "rope" and row["method"] == "rapid" and row["task"] == TASK_ALL:
-            figures.append(
-                _figure(
-                    "rapid decode speedup over lc (RoPE-scaled)",
-                    row,
-                    row["speedup_vs_lc"],
-                    ">= 3 at 32K",
-                    3.0,
-                )
-            )
+    """The figures the benchmark is judged by, each with its value, target and status.
+
+    Issue 6 (QA suite, default eta): accuracy against the better of lc and rag per task kind
+    at the longest length; decode speedup over lc and over transformers prompt lookup;
+    acceptance. Issue 7: time to first token of a second question on the same document;
+    from the speed suite: decode speedup, verify step against a decode step, the share of
+    decode time outside forward passes, and peak memory against weights + 2 KV + 1 GiB.
+    """
+    eta = meta.get("default_eta", RapidConfig().eta)
+    rows = [r for r in summary if r["turn"] == 1 and r["suite"] in ("qa", "speed")]
+    figures = _accuracy_figures([r for r in rows if r["suite"] == "qa"], eta)
+    figures += _followup_figures(records)
+    for row in rows:
+        if row["method"] == "rapid" and row["eta"] == eta and row["task"] == TASK_ALL:
+            same = [r for r in rows if _lc_key(r) == _lc_key(row)]
+            figures += _rapid_figures(row, same, meta)
     return figures
 
 
-def _default_eta(meta: dict[str, Any]) -> float:
-    from ..config import RapidConfig
-
-    return meta.get("default_eta", RapidConfig().eta)
-
-
-def _figure(
-    name: str,
-    row: Record | None,
-    value: float | None,
-    target: str,
-    bound: float,
-    above: bool = True,
-) -> Record:
-    met = None if value is None else (value >= bound if above else value <= bound)
+def _figure(name: str, length: int | None, value: float | None, target: _Target | None) -> Record:
     return {
         "figure": name,
-        "context_label": row["context_label"] if row else None,
+        "context_label": length,
         "value": value,
-        "target": target,
-        "met": met,
+        "target": target.text if target else None,
+        "met": target.met(value) if target else None,
     }
 
 
-def _followup_figures(records: list[Record]) -> list[Record]:
-    """Time to first token of the second question on a document against the first question
-    (same method) and against transformers generate on the first."""
+def _accuracy_figures(qa: list[Record], eta: float) -> list[Record]:
+    """rapid's accuracy minus the better of lc and rag, per task kind, at the longest length."""
+    if not qa:
+        return []
+    longest = max(r["context_label"] for r in qa)
     figures = []
+    for kind in [TASK_ALL, *dict.fromkeys(r["task"] for r in qa if r["task"] != TASK_ALL)]:
+        cell = {"context_label": longest, "task": kind}
+        rapid = _find(qa, method="rapid", eta=eta, **cell)
+        others = [_find(qa, method=m, **cell) for m in ("lc", "rag")]
+        scores = [r["accuracy"] for r in others if r and r["accuracy"] is not None]
+        value = rapid["accuracy"] - max(scores) if rapid and scores else None
+        name = f"accuracy: rapid minus the better of lc and rag ({kind})"
+        figures.append(_figure(name, longest, value, _Target(0.0)))
+    return figures
+
+
+def _followup_figures(records: list[Record]) -> list[Record]:
+    """Time to first token of the first question (rapid; transformers generate) over that of
+    the second question on the same document (rapid, prefix cache warm)."""
     seconds = [r for r in records if r["suite"] == "qa" and r["turn"] == 2]
-    for name, method in (("first question", "rapid"), ("transformers generate", "hf")):
+    figures = []
+    for name, method in (("rapid, first question", "rapid"), ("transformers generate", "hf")):
         ratios = []
         for second in seconds:
-            task_id = second["task_id"].removesuffix("-followup")
             first = next(
                 (
                     r
                     for r in records
-                    if r["task_id"] == task_id
+                    if r["task_id"] == second["task_id"].removesuffix("-followup")
                     and r["method"] == method
                     and r["eta"] == (second["eta"] if method == "rapid" else None)
                 ),
@@ -190,67 +215,69 @@ def _followup_figures(records: list[Record]) -> list[Record]:
             )
             if first and second["time_to_first_token"]:
                 ratios.append(first["time_to_first_token"] / second["time_to_first_token"])
-        row = seconds[0] if seconds else None
-        figures.append(
-            _figure(
-                f"time to first token: {name} / second question", row, _mean(ratios), ">= 10", 10.0
-            )
-        )
+        length = seconds[0]["context_label"] if seconds else None
+        name = f"time to first token: {name} / second question"
+        figures.append(_figure(name, length, _mean(ratios), _Target(10.0)))
     return figures
 
 
-def _acceptance_figures(rapid: list[Record]) -> list[Record]:
+def _rapid_figures(row: Record, same: list[Record], meta: dict[str, Any]) -> list[Record]:
+    """Figures of rapid at one suite and length; `same`: the other methods' rows there."""
+    suite, length = row["suite"], row["context_label"]
+    speedup = _figure(
+        f"decode speedup of rapid over lc ({suite})",
+        length,
+        row["speedup_vs_lc"],
+        SPEEDUP_TARGETS[suite].get(length),
+    )
+    acceptance = _figure(
+        f"acceptance rate ({suite})",
+        length,
+        row["acceptance_rate"],
+        _Target(0.85) if suite == "qa" and length == AT_8K else None,
+    )
+    if suite == "qa":
+        pld = next((r for r in same if r["method"] == "hf-pld"), None)
+        ratio = _ratio(row["decode_tokens_per_second"], pld and pld["decode_tokens_per_second"])
+        target = _Target(1.0) if length == AT_8K else None
+        return [
+            speedup,
+            _figure("decode speed of rapid / transformers prompt lookup", length, ratio, target),
+            acceptance,
+        ]
+    lc = next((r for r in same if r["method"] == "lc"), None)
+    verify = _ratio(row["verify_step_seconds"], lc and lc["main_step_seconds"])
     return [
-        _figure("rapid acceptance rate", row, row["acceptance_rate"], ">= 0.85", 0.85)
-        for row in rapid
-    ]
-
-
-def _step_figures(row: Record, lc: Record | None, meta: dict[str, Any]) -> list[Record]:
-    """Decode speedup, verify cost, time outside forwards, and peak memory of rapid at one
-    context length."""
-    verify, step = row["verify_step_seconds"], lc and lc["main_step_seconds"]
-    memory = meta.get("memory_model") or {}
-    budget = None
-    if memory and row["context_tokens"]:
-        kv_tokens = (
-            row["context_tokens"] + (row["draft_context_tokens"] or 0) + (row["new_tokens"] or 0)
-        )
-        budget = memory["weights_bytes"] + 2 * memory["kv_bytes_per_token"] * kv_tokens + GIB
-    peak = row["peak_memory_bytes"]
-    return [
-        _figure(
-            "rapid decode speedup over lc",
-            row,
-            row["speedup_vs_lc"],
-            ">= 1.5 (issue 6), >= 2 (issue 7) at 8K",
-            1.5,
-        ),
-        _figure(
-            "verify step / target decode step",
-            row,
-            verify / step if verify and step else None,
-            "<= 1.5",
-            1.5,
-            above=False,
-        ),
+        speedup,
+        acceptance,
+        _figure("verify step / target decode step", length, verify, _Target(1.5, above=False)),
         _figure(
             "share of decode time outside forward passes",
-            row,
+            length,
             row["outside_forward_fraction"],
-            "<= 0.10",
-            0.10,
-            above=False,
+            _Target(0.10, above=False),
         ),
         _figure(
             "peak memory / (weights + 2 KV + 1 GiB)",
-            row,
-            peak / budget if peak and budget else None,
-            "<= 1",
-            1.0,
-            above=False,
+            length,
+            _memory_ratio(row, meta),
+            _Target(1.0, above=False),
         ),
     ]
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def _memory_ratio(row: Record, meta: dict[str, Any]) -> float | None:
+    """Peak memory of the call over weights + 2 x its KV caches + 1 GiB (issue 7's bound)."""
+    memory = meta.get("memory_model")
+    if not memory or not row["peak_memory_bytes"]:
+        return None
+    tokens = row["context_tokens"] + (row["draft_context_tokens"] or 0) + (row["new_tokens"] or 0)
+    budget = memory["weights_bytes"] + 2 * memory["kv_bytes_per_token"] * tokens + GIB
+    return row["peak_memory_bytes"] / budget
 
 
 # ---- Markdown -------------------------------------------------------------------------------
@@ -367,18 +394,25 @@ def _speed_table(summary: list[Record]) -> str:
 
 
 def _figures_table(figures: list[Record]) -> str:
-    marks = {True: "met", False: "not met", None: "not measured"}
     rows = [
         [
             f["figure"],
             _fmt(f["context_label"] and length_name(f["context_label"])),
             _fmt(f["value"], ".3g"),
-            f["target"],
-            marks[f["met"]],
+            _fmt(f["target"]),
+            _status(f),
         ]
         for f in figures
     ]
     return _table(["figure", "context", "value", "target", "status"], rows)
+
+
+def _status(figure: Record) -> str:
+    if figure["value"] is None:
+        return "not measured"
+    if figure["met"] is None:
+        return "–"
+    return "met" if figure["met"] else "not met"
 
 
 # ---- plots ----------------------------------------------------------------------------------
@@ -413,10 +447,19 @@ def _length_axis(ax: Any, lengths: Iterable[int]) -> None:
     ax.set_xlabel("context length (tokens)")
 
 
+_LINES = {
+    "qa": ("", "-"),
+    "speed": (" (fixed length)", "--"),
+    "tiny-downward": (" (downward)", "-"),
+    "tiny-upward": (" (upward)", "--"),
+}
+"""Legend suffix and line style of each suite in the speedup plot."""
+
+
 def _plot_speedup(plt: Any, records: list[Record], summary: list[Record]) -> Any:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     panels = (
-        (axes[0], ("qa", "rope"), "embedded model (rope: RoPE-scaled)"),
+        (axes[0], ("qa", "speed"), "model: QA answers; dashed: fixed-length decode"),
         (axes[1], ("tiny-downward", "tiny-upward"), "tiny random models, speed only"),
     )
     for ax, suites, title in panels:
@@ -435,13 +478,8 @@ def _plot_speedup(plt: Any, records: list[Record], summary: list[Record]) -> Any
                 for r in rows
                 if r["suite"] == suite and r["label"] == label
             )
-            name = label if suite == "qa" else f"{label} ({suite.removeprefix('tiny-')})"
-            ax.plot(
-                *zip(*line, strict=True),
-                marker="o",
-                label=name,
-                linestyle="--" if suite == "rope" else "-",
-            )
+            suffix, style = _LINES[suite]
+            ax.plot(*zip(*line, strict=True), marker="o", label=label + suffix, linestyle=style)
         ax.axhline(1.0, color="grey", linewidth=0.8)
         _length_axis(ax, [r["context_label"] for r in rows] or [1024])
         ax.set_ylabel("decode speedup over lc")

@@ -1,13 +1,15 @@
 """`rapid bench`: the QA suite, the speed-only suites, and the files they write.
 
 Suites (field `suite` of each record):
-  qa             embedded model (or --model/--draft): every method on every task, greedy,
+  qa             the embedded model (or --model/--draft): every method on every task, greedy,
                  answers scored; a second question on the same document at the longest length
                  (`turn` 2) for time-to-first-token on a repeated document
-  tiny-downward  speed only: random 8-layer target, 2-layer draft, on the single-needle prompts
-  tiny-upward    speed only: the same pair with the roles swapped (the draft is the larger)
-  rope           speed only: the embedded model RoPE-scaled to 16K/32K, lc against rapid
-Speed-only runs ignore end-of-sequence so every method decodes the same number of tokens.
+  speed          the same model, lc against rapid at a fixed number of decoded tokens; lengths
+                 past the model's window use a RoPE-scaled copy (linear scaling)
+  tiny-downward  random 8-layer target, 2-layer draft, on the single-needle prompts
+  tiny-upward    the same pair with the roles swapped (the draft is the larger model)
+Speed-only suites ignore end-of-sequence, so every method decodes the same number of tokens.
+Every measured call starts from an empty prefix cache except the `turn` 2 question.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from tqdm.auto import tqdm
 from ..config import RapidConfig
 from ..engine import RapidEngine
 from ..errors import RapidConfigError
-from ..models import ensure_default_model, load_default, load_model, resolve_dtype
+from ..models import ensure_default_model, load_model, resolve_dtype
 from ..prompts import prepare_draft_prompt
 from ..tokens import encode_prompt
 from .dataset import CONTEXT_LENGTHS, TASK_KINDS, Task, build_tasks
@@ -50,8 +52,8 @@ from .scoring import exact_match, token_f1
 DEFAULT_ETA = RapidConfig().eta
 QA_STOP = ("\n\n",)
 """Answers end at a blank line, as in `make demo`; the models otherwise ramble on."""
-SPEED_METHODS = (Method("lc"), Method("sd"), Method("rapid", DEFAULT_ETA))
-ROPE_METHODS = (Method("lc"), Method("rapid", DEFAULT_ETA))
+SPEED_METHODS = (Method("lc"), Method("rapid", DEFAULT_ETA))
+TINY_METHODS = (Method("lc"), Method("sd"), Method("rapid", DEFAULT_ETA))
 
 
 @dataclass(frozen=True)
@@ -59,9 +61,10 @@ class BenchSettings:
     """What `rapid bench` runs. Lengths are nominal context sizes in tokens.
 
     per_cell: tasks per (kind, length); etas: the rapid eta values; max_new_tokens: answer
-    cap of QA runs; speed_tokens: tokens decoded by speed-only runs; rope_lengths: lengths of
-    the RoPE-scaled speed runs (empty: skip); tiny_speed: run the upward/downward suites;
-    tiny_models: run the QA suite on the tiny random pair instead of real models (smoke tests).
+    cap of QA runs; speed_tokens: tokens decoded by speed-only runs; speed_lengths: lengths of
+    the speed suite within the model's window, rope_lengths: beyond it (RoPE-scaled); either
+    may be empty; tiny_speed: run the upward/downward suites (at `lengths`); tiny_models: run
+    the QA and speed suites on the tiny random pair instead of real models (smoke tests).
     """
 
     out: Path = Path("bench-out")
@@ -72,6 +75,7 @@ class BenchSettings:
     etas: tuple[float, ...] = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0)
     max_new_tokens: int = 48
     speed_tokens: int = 128
+    speed_lengths: tuple[int, ...] = CONTEXT_LENGTHS
     rope_lengths: tuple[int, ...] = (16384, 32768)
     tiny_speed: bool = True
     tiny_models: bool = False
@@ -84,31 +88,22 @@ class BenchSettings:
     quick: bool = False
 
     def __post_init__(self) -> None:
-        checks = (
-            (
-                "methods",
-                set(self.methods) <= set(METHODS) and self.methods,
-                f"names from {METHODS}",
-            ),
-            (
-                "kinds",
-                set(self.kinds) <= set(TASK_KINDS) and self.kinds,
-                f"names from {TASK_KINDS}",
-            ),
-            ("lengths", all(n >= 256 for n in self.lengths) and self.lengths, "lengths >= 256"),
-            ("rope_lengths", all(n >= 256 for n in self.rope_lengths), "lengths >= 256"),
-            ("per_cell", self.per_cell >= 1, "an integer >= 1"),
-            ("etas", all(e >= 0 for e in self.etas) and self.etas, "values >= 0"),
-            ("max_new_tokens", self.max_new_tokens >= 1, "an integer >= 1"),
-            ("speed_tokens", self.speed_tokens >= 1, "an integer >= 1"),
+        _require(
+            "methods", self.methods and set(self.methods) <= set(METHODS), f"names from {METHODS}"
         )
-        for name, ok, expected in checks:
-            if not ok:
-                raise RapidConfigError(name, f"must be {expected}, got {getattr(self, name)!r}")
+        _require(
+            "kinds", self.kinds and set(self.kinds) <= set(TASK_KINDS), f"names from {TASK_KINDS}"
+        )
+        for name in ("lengths", "speed_lengths", "rope_lengths"):
+            _require(name, all(n >= 256 for n in getattr(self, name)), "lengths >= 256")
+        _require("lengths", bool(self.lengths), "at least one length")
+        _require("etas", self.etas and all(e >= 0 for e in self.etas), "values >= 0")
+        for name in ("per_cell", "max_new_tokens", "speed_tokens"):
+            _require(name, getattr(self, name) >= 1, "an integer >= 1")
 
     @classmethod
     def preset(cls, quick: bool, **overrides: Any) -> BenchSettings:
-        """The full run, or the `--quick` one (about 10 minutes on 2 CPU cores), with overrides
+        """The full run, or the `--quick` one (about 12 minutes on 2 CPU cores), with overrides
         (None values are ignored)."""
         base = cls(**QUICK) if quick else cls()
         return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
@@ -116,13 +111,18 @@ class BenchSettings:
     def method_list(self) -> list[Method]:
         """The methods to run, rapid expanded over `etas`."""
         return [
-            m
+            method
             for name in METHODS
             if name in self.methods
-            for m in (
+            for method in (
                 [Method(name, eta) for eta in self.etas] if name == "rapid" else [Method(name)]
             )
         ]
+
+
+def _require(name: str, ok: object, expected: str) -> None:
+    if not ok:
+        raise RapidConfigError(name, f"must be {expected}")
 
 
 QUICK: dict[str, Any] = {
@@ -130,14 +130,16 @@ QUICK: dict[str, Any] = {
     "per_cell": 1,
     "etas": (0.0, DEFAULT_ETA, 10.0),
     "speed_tokens": 64,
+    "speed_lengths": (8192,),
     "rope_lengths": (16384,),
 }
-"""The `--quick` preset: one task per (kind, length), three eta values, 16K RoPE run only."""
+"""The `--quick` preset: one task per (kind, length), three eta values, speed runs at 8K and
+16K only."""
 
 
 @dataclass
 class _Session:
-    """State shared by the suites of one run: where records go and how progress shows."""
+    """One run: its settings, where records go, and the progress bar."""
 
     settings: BenchSettings
     device: torch.device
@@ -145,6 +147,27 @@ class _Session:
     meta: dict[str, Any]
     records: list[dict[str, Any]] = field(default_factory=list)
     bar: Any = None
+
+    def run(
+        self,
+        suite: str,
+        engine: RapidEngine,
+        method: Method,
+        task: Task,
+        retrieved: _Retrieved,
+        probe: ForwardProbe,
+        overrides: dict[str, Any],
+        turn: int = 1,
+    ) -> None:
+        """Measure one call and keep its record; speed-only suites are not scored."""
+        measured = _measure(engine, method, task, retrieved, probe, overrides, cold=turn == 1)
+        record = _record(engine, suite, method, task, retrieved, measured, turn)
+        if suite != "qa":
+            record.update(accuracy=None, f1=None)
+        record["dtype"] = str(self.dtype).removeprefix("torch.")
+        self.records.append(record)
+        self.bar.set_postfix_str(f"{suite} {task.task_id} {method.label}", refresh=False)
+        self.bar.update()
 
     def save(self, plots: bool = False) -> None:
         write_report(self.settings.out, self.meta, self.records, plots=plots)
@@ -165,31 +188,28 @@ def run_bench(settings: BenchSettings) -> Path:
         "default_eta": DEFAULT_ETA,
     }
     session = _Session(settings, device, dtype, meta)
-    tasks = build_tasks(
-        engine.tokenizer, settings.kinds, settings.lengths, settings.per_cell, settings.seed
+    tok, seed = engine.tokenizer, settings.seed
+    tasks = build_tasks(tok, settings.kinds, settings.lengths, settings.per_cell, seed)
+    speed = build_tasks(tok, ("single",), settings.speed_lengths, 1, seed)
+    rope = (
+        []
+        if settings.tiny_models
+        else build_tasks(tok, ("single",), settings.rope_lengths, 1, seed)
     )
-    speed_tasks = build_tasks(engine.tokenizer, ("single",), settings.lengths, 1, settings.seed)
-    rope_tasks = build_tasks(engine.tokenizer, ("single",), settings.rope_lengths, 1, settings.seed)
-    total = _planned_runs(settings, tasks, len(speed_tasks), len(rope_tasks))
-    with tqdm(total=total, unit="run", disable=not settings.progress) as session.bar:
+    tiny = build_tasks(tok, ("single",), settings.lengths, 1, seed) if settings.tiny_speed else []
+    runs = len(tasks) * len(settings.method_list()) + sum(map(bool, _followups(settings, tasks)))
+    runs += (len(speed) + len(rope)) * len(SPEED_METHODS) + 2 * len(tiny) * len(TINY_METHODS)
+    with tqdm(total=runs, unit="run", disable=not settings.progress) as session.bar:
         _qa_suite(session, engine, tasks)
-        if settings.tiny_speed:
-            _tiny_suites(session, engine.tokenizer, speed_tasks)
-        if rope_tasks:
-            _rope_suite(session, engine.tokenizer, rope_tasks)
+        _speed_suite(session, "speed", engine, speed, SPEED_METHODS)
+        if rope:
+            _speed_suite(session, "speed", _rope_engine(session, engine, rope), rope, SPEED_METHODS)
+        if tiny:
+            _tiny_suites(session, tok, tiny)
     meta["wall_seconds"] = time.perf_counter() - start
     meta["machine"]["load_average_end"] = _load_average()
     session.save(plots=True)
     return settings.out
-
-
-def _planned_runs(
-    settings: BenchSettings, tasks: list[Task], speed_tasks: int, rope_tasks: int
-) -> int:
-    methods = settings.method_list()
-    followups = sum(1 for t in tasks if _asks_followup(settings, t))
-    speed = 2 * speed_tasks * len(SPEED_METHODS) if settings.tiny_speed else 0
-    return len(tasks) * len(methods) + followups + speed + rope_tasks * len(ROPE_METHODS)
 
 
 # ---- engines --------------------------------------------------------------------------------
@@ -203,15 +223,11 @@ def _qa_engine(
     dtype = resolve_dtype(settings.dtype if fixed else "float32", device)
     if settings.tiny_models:
         tokenizer = load_model(ensure_default_model(), device=device, dtype=dtype)[1]
-        small, large = tiny_pair(len(tokenizer), max(settings.lengths) * 2)
+        small, large = tiny_pair(len(tokenizer), 2 * max(settings.lengths + settings.speed_lengths))
         target, draft = large.to(device), small.to(device)
-    elif settings.model:
-        target, tokenizer = load_model(settings.model, device=device, dtype=dtype)
-        draft = (
-            load_model(settings.draft, device=device, dtype=dtype)[0] if settings.draft else None
-        )
     else:
-        target, tokenizer = load_default(device=device, dtype=dtype)
+        spec = settings.model or ensure_default_model()
+        target, tokenizer = load_model(spec, device=device, dtype=dtype)
         draft = (
             load_model(settings.draft, device=device, dtype=dtype)[0] if settings.draft else None
         )
@@ -221,6 +237,15 @@ def _qa_engine(
         if draft is not None:
             draft.to(dtype)
     return RapidEngine(target, draft, tokenizer), dtype, probe_seconds
+
+
+def _rope_engine(session: _Session, engine: RapidEngine, tasks: list[Task]) -> RapidEngine:
+    """A copy of the QA target stretched by linear RoPE scaling to the longest task."""
+    folder = session.settings.model or ensure_default_model()
+    window = max(t.context_label for t in tasks)
+    model, factor = load_rope_scaled(folder, window, session.device, session.dtype)
+    session.meta["rope_scaling_factor"] = factor
+    return RapidEngine(model, tokenizer=engine.tokenizer)
 
 
 def memory_model(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, int]:
@@ -239,6 +264,7 @@ def memory_model(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, int]:
 
 
 def _qa_suite(session: _Session, engine: RapidEngine, tasks: list[Task]) -> None:
+    """Every method on every task, then the follow-up questions (prefix cache kept warm)."""
     settings = session.settings
     methods = settings.method_list()
     overrides = {
@@ -249,49 +275,31 @@ def _qa_suite(session: _Session, engine: RapidEngine, tasks: list[Task]) -> None
     }
     with ForwardProbe([engine.target, engine.draft]) as probe:
         warm_up(engine, methods, probe)
-        for task in tasks:
-            draft_prompt = _Retrieved.build(engine, task, any(m.retrieves for m in methods))
+        for task, followup in zip(tasks, _followups(settings, tasks), strict=True):
+            retrieved = _Retrieved.build(engine, task, any(m.retrieves for m in methods))
             for method in methods:
-                measured = _measure(engine, method, task, draft_prompt, probe, overrides)
-                session.records.append(
-                    _record(session, engine, "qa", method, task, draft_prompt, measured)
-                )
-                _advance(session, method, task)
-            if _asks_followup(settings, task):
-                assert task.followup is not None
-                method, follow = Method("rapid", DEFAULT_ETA), task.followup
-                retrieved = _Retrieved.build(engine, follow, True)
-                # Warm: the engine still holds this document's KV from the methods above.
-                measured = _measure(engine, method, follow, retrieved, probe, overrides, cold=False)
-                session.records.append(
-                    _record(session, engine, "qa", method, follow, retrieved, measured, turn=2)
-                )
-                _advance(session, method, follow)
+                session.run("qa", engine, method, task, retrieved, probe, overrides)
+            if followup:
+                # The engine still holds this document's KV from the methods above.
+                retrieved = _Retrieved.build(engine, followup, True)
+                method = Method("rapid", DEFAULT_ETA)
+                session.run("qa", engine, method, followup, retrieved, probe, overrides, turn=2)
             session.save()
 
 
-def _asks_followup(settings: BenchSettings, task: Task) -> bool:
-    return (
-        task.followup is not None
-        and task.context_label == max(settings.lengths)
-        and "rapid" in settings.methods
-    )
+def _followups(settings: BenchSettings, tasks: list[Task]) -> list[Task | None]:
+    """For each task, its second question when one is asked: at the longest length only."""
+    wanted = "rapid" in settings.methods
+    longest = max(settings.lengths)
+    return [t.followup if wanted and t.context_label == longest else None for t in tasks]
 
 
 def _tiny_suites(session: _Session, tokenizer: Any, tasks: list[Task]) -> None:
     """Downward then upward speculation with the tiny random pair, speed only."""
-    small, large = tiny_pair(len(tokenizer), max(t.context_label for t in tasks) * 2)
+    small, large = tiny_pair(len(tokenizer), 2 * max(t.context_label for t in tasks))
     small, large = small.to(session.device, session.dtype), large.to(session.device, session.dtype)
     for suite, target, draft in (("tiny-downward", large, small), ("tiny-upward", small, large)):
-        _speed_suite(session, suite, RapidEngine(target, draft, tokenizer), tasks, SPEED_METHODS)
-
-
-def _rope_suite(session: _Session, tokenizer: Any, tasks: list[Task]) -> None:
-    """The embedded model stretched by linear RoPE scaling: lc against rapid, speed only."""
-    window = max(t.context_label for t in tasks)
-    model, factor = load_rope_scaled(window, session.device, session.dtype)
-    session.meta["rope_scaling_factor"] = factor
-    _speed_suite(session, "rope", RapidEngine(model, tokenizer=tokenizer), tasks, ROPE_METHODS)
+        _speed_suite(session, suite, RapidEngine(target, draft, tokenizer), tasks, TINY_METHODS)
 
 
 def _speed_suite(
@@ -301,6 +309,9 @@ def _speed_suite(
     tasks: list[Task],
     methods: Sequence[Method],
 ) -> None:
+    """`methods` on `tasks`, each decoding exactly `speed_tokens` tokens."""
+    if not tasks:
+        return
     overrides = {
         "max_new_tokens": session.settings.speed_tokens,
         "ignore_eos": True,
@@ -311,15 +322,9 @@ def _speed_suite(
     with ForwardProbe([engine.target, engine.draft]) as probe:
         warm_up(engine, list(methods), probe)
         for task in tasks:
-            draft_prompt = _Retrieved.build(engine, task, True)
+            retrieved = _Retrieved.build(engine, task, True)
             for method in methods:
-                measured = _measure(engine, method, task, draft_prompt, probe, overrides)
-                session.records.append(
-                    _record(
-                        session, engine, suite, method, task, draft_prompt, measured, scored=False
-                    )
-                )
-                _advance(session, method, task, suite)
+                session.run(suite, engine, method, task, retrieved, probe, overrides)
             session.save()
 
 
@@ -355,7 +360,7 @@ def _measure(
     retrieved: _Retrieved,
     probe: ForwardProbe,
     overrides: dict[str, Any],
-    cold: bool = True,
+    cold: bool,
 ) -> Measurement:
     if method.name in ENGINE_METHODS:
         draft_prompt = retrieved.prompt if method.retrieves else None
@@ -363,30 +368,21 @@ def _measure(
             engine, method, task.messages, draft_prompt, probe, cold=cold, **overrides
         )
     ids = encode_prompt(task.messages, engine.tokenizer, engine.vocab_size)
-    return measure_transformers(
-        engine,
-        method,
-        ids,
-        probe,
-        max_new_tokens=overrides["max_new_tokens"],
-        stop=overrides["stop"],
-    )
+    limit, stop = overrides["max_new_tokens"], overrides["stop"]
+    return measure_transformers(engine, method, ids, probe, max_new_tokens=limit, stop=stop)
 
 
 def _record(
-    session: _Session,
     engine: RapidEngine,
     suite: str,
     method: Method,
     task: Task,
     retrieved: _Retrieved,
     measured: Measurement,
-    turn: int = 1,
-    scored: bool = True,
+    turn: int,
 ) -> dict[str, Any]:
-    """One results record: what ran, on what, how well (None when `scored` is False: speed-only
-    runs), at what cost. Fields are described in docs/benchmarks.md."""
-    uses_retrieval = method.retrieves
+    """One results record: what ran, on what, how well, at what cost (docs/benchmarks.md)."""
+    retrieves = method.retrieves
     record = {
         "suite": suite,
         "method": method.name,
@@ -398,22 +394,16 @@ def _record(
         "turn": turn,
         "target_model": model_name(engine.target),
         "draft_model": model_name(engine.draft) if method.name in ("rag", "sd", "rapid") else None,
-        "dtype": str(session.dtype).removeprefix("torch."),
-        "accuracy": exact_match(measured.answer, task.references) if scored else None,
-        "f1": token_f1(measured.answer, task.references) if scored else None,
+        "accuracy": exact_match(measured.answer, task.references),
+        "f1": token_f1(measured.answer, task.references),
         "references": list(task.references),
-        "needle_recall": retrieved.needle_recall if uses_retrieval else None,
-        "retrieval_seconds": retrieved.seconds if uses_retrieval else None,
+        "needle_recall": retrieved.needle_recall if retrieves else None,
+        "retrieval_seconds": retrieved.seconds if retrieves else None,
         **dataclasses.asdict(measured),
     }
-    if uses_retrieval:  # the draft prompt was built before the call: count it in the wait
+    if retrieves:  # the draft prompt was built before the call: count it in the wait
         record["time_to_first_token"] += retrieved.seconds
     return record
-
-
-def _advance(session: _Session, method: Method, task: Task, suite: str = "qa") -> None:
-    session.bar.set_postfix_str(f"{suite} {task.task_id} {method.label}", refresh=False)
-    session.bar.update()
 
 
 # ---- machine description --------------------------------------------------------------------
