@@ -24,8 +24,24 @@ from rapid_integrations import RapidConfig, RapidError, RapidInputError
 from .retrievers import as_context_retriever
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from langchain_core.retrievers import BaseRetriever
+    from langchain_core.vectorstores import VectorStore
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
     from rapid_integrations import RapidEngine, RapidOutput, RapidStream
+    from rapid_integrations.retrieval import ContextRetriever
     from rapid_integrations.tokens import Prompt
+
+    ModelSpec: TypeAlias = str | os.PathLike[str] | PreTrainedModel
+    TokenizerSpec: TypeAlias = PreTrainedTokenizerBase
+    EngineSpec: TypeAlias = RapidEngine
+    RetrieverSpec: TypeAlias = BaseRetriever | VectorStore | ContextRetriever
+else:
+    # Precise for type checkers, Any for pydantic at run time: importing this package must not
+    # load torch or transformers (construction stays cheap; weights load on first use).
+    ModelSpec = TokenizerSpec = EngineSpec = RetrieverSpec = Any
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 """How the embedded default model is reported (its converted folder path says nothing useful)."""
@@ -50,21 +66,21 @@ class RapidTimeoutError(RapidError, TimeoutError):
 class RapidParams(BaseModel):
     """Fields and engine plumbing shared by the LangChain chat model and LLM."""
 
-    model: Any = None
+    model: ModelSpec | None = None
     """Target model: a local folder, a `.gguf` file, a hub id or a transformers model object.
     None uses the embedded SmolLM2-135M-Instruct. Loaded on first use, not at construction."""
 
-    draft_model: Any = None
+    draft_model: ModelSpec | None = None
     """Draft model, in the same forms as `model`. None is self-speculation: the target object
     also drafts, reading only the short retrieved context."""
 
-    tokenizer: Any = None
+    tokenizer: TokenizerSpec | None = None
     """Tokenizer shared by target and draft; None finds it next to the target model."""
 
-    engine: Any = Field(default=None, exclude=True)
+    engine: EngineSpec | None = Field(default=None, exclude=True)
     """A ready `RapidEngine` to use instead of loading `model`; several instances may share one."""
 
-    retriever: Any = Field(default=None, exclude=True)
+    retriever: RetrieverSpec | None = Field(default=None, exclude=True)
     """Source of the draft's short context C^S: a LangChain `BaseRetriever` or `VectorStore`
     (wrapped in `RapidRetrieverAdapter`), any `ContextRetriever`, or None for the engine's
     built-in retriever over the prompt."""
@@ -120,7 +136,7 @@ class RapidParams(BaseModel):
 
     @field_validator("retriever", mode="before")
     @classmethod
-    def _adapt_retriever(cls, value: Any) -> Any:
+    def _adapt_retriever(cls, value: RetrieverSpec | None) -> ContextRetriever | None:
         return None if value is None else as_context_retriever(value)
 
     @model_validator(mode="after")

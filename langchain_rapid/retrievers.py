@@ -8,13 +8,16 @@ lets the vector store a chain already has play that part.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import VectorStore
 
 from rapid_integrations import RapidInputError
+
+if TYPE_CHECKING:
+    from rapid_integrations.retrieval import ContextRetriever
 
 
 class RapidRetrieverAdapter:
@@ -52,12 +55,12 @@ class RapidRetrieverAdapter:
         return f"RapidRetrieverAdapter({self.retriever!r})"
 
 
-def as_context_retriever(source: Any) -> Any:
+def as_context_retriever(source: object) -> ContextRetriever:
     """A LangChain retriever or store wrapped in the adapter; a `ContextRetriever` as it is."""
     if isinstance(source, (BaseRetriever, VectorStore)):
         return RapidRetrieverAdapter(source)
     if callable(getattr(source, "retrieve", None)):
-        return source
+        return cast("ContextRetriever", source)  # duck-typed: the protocol's module loads faiss
     raise RapidInputError(
         "retriever must be a LangChain BaseRetriever or VectorStore, or an object with "
         f"retrieve(query) -> list[str]; got {type(source).__name__}"
