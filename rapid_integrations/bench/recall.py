@@ -128,7 +128,9 @@ def index_seconds(document: str, tokenizer: TokenizerLike) -> tuple[float, float
     return time.perf_counter() - wall, time.process_time() - cpu, len(retriever.chunks)
 
 
-def print_recall_table(tokenizer: TokenizerLike, needles: Sequence[Needle], distractors: int) -> None:
+def print_recall_table(
+    tokenizer: TokenizerLike, needles: Sequence[Needle], distractors: int
+) -> None:
     print("| document | " + " | ".join(f"budget {b}" for b in BUDGETS) + " |")
     print("|---" * (len(BUDGETS) + 1) + "|")
     for n_tokens in DOC_TOKENS:

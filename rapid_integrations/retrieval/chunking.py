@@ -11,7 +11,7 @@ the whitespace of the original text, so each chunk is the exact substring `doc[s
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import regex
@@ -83,12 +83,23 @@ def chunk_documents(
     ]
 
 
+def iter_gaps(text: str, pos: int = 0) -> Iterator[tuple[int, int, int]]:
+    """(start, end, strength) of each break in `text` from `pos` on, in order.
+
+    A break is a whitespace run (PARAGRAPH with two or more line breaks, LINE with one,
+    SENTENCE after sentence-ending punctuation, else WORD) or the empty position after CJK
+    sentence punctuation (SENTENCE).
+    """
+    for match in _GAP.finditer(text, pos):
+        yield match.start(), match.end(), _gap_strength(text, match.start(), match.group())
+
+
 def _find_gaps(text: str) -> _Gaps:
     gaps = _Gaps([], [], [])
-    for match in _GAP.finditer(text):
-        gaps.starts.append(match.start())
-        gaps.ends.append(match.end())
-        gaps.strengths.append(_gap_strength(text, match.start(), match.group()))
+    for start, end, strength in iter_gaps(text):
+        gaps.starts.append(start)
+        gaps.ends.append(end)
+        gaps.strengths.append(strength)
     return gaps
 
 

@@ -106,10 +106,11 @@ class FaissContextRetriever:
         `top_k`, while their tokens (plus a separator each) fit the budget.
         """
         scores = self.scores(query)
+        limit = self.top_k or len(self.chunks)
         chosen: list[int] = []
         used = 0
         for i in np.argsort(-scores, kind="stable"):
-            if scores[i] < self.threshold or len(chosen) == (self.top_k or len(self.chunks)):
+            if scores[i] < self.threshold or len(chosen) == limit:
                 break
             cost = self.chunks[i].n_tokens + (self._separator_tokens if chosen else 0)
             if used + cost <= self.budget:

@@ -8,7 +8,8 @@ found where templates put them, in this order of preference:
    "Context information is below.\\n-----\\n{context}\\n-----\\nGiven the context... Query: ...";
 2. a label line: `Context:` / `Document:` ends the head, `Question:` / `Query:` starts the tail
    (LangChain's "...\\n\\n{context}\\n\\nQuestion: {question}\\nHelpful Answer:");
-3. a blank line, 4. a line break, 5. a sentence end, 6. a word break.
+3. a blank line, 4. a line break, 5. a sentence end, 6. a word break (the chunker's breaks,
+   `chunking.iter_gaps`).
 
 The head is searched in the first `HEAD_TOKENS` tokens (earliest strongest cut wins), the tail
 in the last `TAIL_TOKENS` (latest strongest cut wins); neither takes more than a quarter of the
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import regex
 
 from .base import TokenizerLike
-from .chunking import SENTENCE, WORD
+from .chunking import PARAGRAPH, iter_gaps
 
 HEAD_TOKENS = 256
 """Longest instruction head searched for, in target tokens."""
@@ -43,12 +44,6 @@ _QUESTION_LABEL = regex.compile(
     r"问题|質問|问)s?[^\S\n]*[:：]",
     regex.M | regex.I,
 )
-_BLANK_LINE = regex.compile(r"\n[^\S\n]*\n")
-_NEWLINE = regex.compile(r"\n")
-_SENTENCE_GAP = regex.compile(
-    r"(?<=[.!?…][\"')\]”’]?)\s+|(?<=[。！？][」』”’）)]*)(?=[^\s」』”’）)])"
-)
-_WORD_GAP = regex.compile(r"\s+")
 # Lines of a tail that are not part of the question: empty, a bare label ("Answer:"), a
 # delimiter, or a chat role name left over from a rendered template.
 _NOT_QUESTION = regex.compile(
@@ -57,23 +52,8 @@ _NOT_QUESTION = regex.compile(
     regex.I,
 )
 
-# (pattern, rank) for each kind of cut; a head cut falls after the match, a tail cut before.
-_HEAD_CUTS = (
-    (_DELIMITER, 6),
-    (_CONTEXT_LABEL, 5),
-    (_BLANK_LINE, 4),
-    (_NEWLINE, 3),
-    (_SENTENCE_GAP, SENTENCE),
-    (_WORD_GAP, WORD),
-)
-_TAIL_CUTS = (
-    (_DELIMITER, 6),
-    (_QUESTION_LABEL, 5),
-    (_BLANK_LINE, 4),
-    (_NEWLINE, 3),
-    (_SENTENCE_GAP, SENTENCE),
-    (_WORD_GAP, WORD),
-)
+# Template markers outrank every break found by the chunker (PARAGRAPH ... WORD).
+_DELIMITER_RANK, _LABEL_RANK = PARAGRAPH + 2, PARAGRAPH + 1
 
 
 @dataclass(frozen=True)
@@ -161,9 +141,10 @@ def _char_at(starts: list[int], token: int, length: int) -> int:
 
 
 def _head_cut(text: str, window_end: int, special_tokens: tuple[str, ...]) -> int:
-    """End of the head: earliest of the strongest cuts in text[:window_end]; 0 if none."""
+    """End of the head: earliest of the strongest cuts in text[:window_end]; if none, 0 (or
+    the end of the last special-token line)."""
     floor = _after_last_special_line(text, window_end, special_tokens)
-    cuts = [(rank, -end) for rank, _, end in _cuts(text, floor, window_end, _HEAD_CUTS)]
+    cuts = [(rank, -end) for rank, _, end in _cuts(text, floor, window_end, _CONTEXT_LABEL)]
     return -max(cuts)[1] if cuts else floor
 
 
@@ -173,25 +154,28 @@ def _tail_cut(text: str, window_start: int, special_tokens: tuple[str, ...]) -> 
     ceiling = _before_first_special_line(text, window_start, special_tokens)
     cuts = [
         (rank, start)
-        for rank, start, _ in _cuts(text, window_start, len(text), _TAIL_CUTS)
+        for rank, start, _ in _cuts(text, window_start, len(text), _QUESTION_LABEL)
         if start <= ceiling
     ]
     return max(cuts)[1] if cuts else min(ceiling, window_start)
 
 
-def _cuts(
-    text: str, lo: int, hi: int, kinds: tuple[tuple[regex.Pattern[str], int], ...]
-) -> Iterator[tuple[int, int, int]]:
-    """(rank, match start, match end) of every cut kind lying wholly inside text[lo:hi].
+def _cuts(text: str, lo: int, hi: int, label: regex.Pattern[str]) -> Iterator[tuple[int, int, int]]:
+    """(rank, start, end) of every delimiter line, `label` line and break inside text[lo:hi].
 
-    Matching runs on the whole text (not a slice), so `$` and look-arounds see the real
-    neighbours of the window's edges.
+    Matching runs on the whole text from `lo` (not on a slice), so `$` and look-arounds see
+    the real neighbours of the window's edges. A head cut falls after a match, a tail cut
+    before it.
     """
-    for pattern, rank in kinds:
+    for pattern, rank in ((_DELIMITER, _DELIMITER_RANK), (label, _LABEL_RANK)):
         for match in pattern.finditer(text, lo):
             if match.end() > hi:
                 break
             yield rank, match.start(), match.end()
+    for start, end, strength in iter_gaps(text, lo):
+        if end > hi:
+            break
+        yield strength, start, end
 
 
 def _after_last_special_line(text: str, window_end: int, special_tokens: tuple[str, ...]) -> int:
@@ -216,7 +200,9 @@ def _grapheme_bounds(text: str, position: int) -> tuple[int, int]:
     """The grapheme-cluster starts just at/before and at/after `position`."""
     before = text.rfind("\n", 0, position) + 1  # a line break always ends a cluster
     for match in regex.finditer(r"\X", text, pos=before):
-        if match.start() >= position:
+        if match.start() == position:
+            return position, position
+        if match.start() > position:
             return before, match.start()
         before = match.start()
     return before, len(text)
