@@ -105,6 +105,7 @@ def _explain(exc: RapidError) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `rapid` argument parser: subcommands ask, chat and bench."""
     parser = argparse.ArgumentParser(
         prog="rapid",
         description="RAPID retrieval-augmented speculative decoding over long documents.",
@@ -165,7 +166,7 @@ def _generation_options(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="small preset: ~10 min on 2 CPU cores")
+    p.add_argument("--quick", action="store_true", help="small preset: ~12 min on 2 CPU cores")
     p.add_argument("--out", type=Path, help="output folder (default bench-out)")
     p.add_argument("--lengths", type=_ints, help="context lengths, e.g. 2048,4096,8192")
     p.add_argument("--kinds", type=_words, help="task kinds: single,two,chat")
@@ -187,12 +188,13 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         "--tiny-models",
         action="store_true",
         default=None,
-        help="run the QA suite on tiny random models (a fast smoke run)",
+        help="run the QA and speed suites on tiny random models (a smoke run)",
     )
     _common_options(p)
 
 
 def _words(text: str) -> tuple[str, ...]:
+    """A comma-separated list; an empty string is an empty tuple (skips a suite)."""
     return tuple(w.strip() for w in text.split(",") if w.strip())
 
 
