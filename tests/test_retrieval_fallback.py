@@ -12,7 +12,7 @@ import pytest
 from rapid_integrations.config import RapidConfig
 from rapid_integrations.errors import RapidError, RapidInputError, RetrievalError
 from rapid_integrations.prompts import DraftPrompt, build_draft_prompt, prepare_draft_prompt
-from rapid_integrations.retrieval import ContextRetriever, split_prompt
+from rapid_integrations.retrieval import ContextRetriever, PromptSplit, split_prompt
 from rapid_integrations.retrieval.base import count_text_tokens
 from tests.retrieval_fixtures import HashingEmbedder, smol_tokenizer
 
@@ -232,3 +232,10 @@ def test_single_long_user_turn_is_split_like_a_string_prompt():
     assert FACT in user["content"] and 0 < result.retrieved_tokens <= BUDGET
     external = build_draft_prompt(chat, tok, Fixed(["From the store."]), config=config())
     assert external[1]["content"] == parts.head + "From the store." + parts.tail
+
+
+def test_explicit_prompt_split_skips_the_heuristics():
+    head, tail = "Notes follow.\n", "\nQuestion: What colour was the harbour lighthouse?"
+    draft = build_draft_prompt(PromptSplit(head, DOC, tail), smol_tokenizer(), config=config())
+    assert isinstance(draft, str) and draft.startswith(head) and draft.endswith(tail)
+    assert FACT in draft and len(draft) < len(DOC) // 4

@@ -38,11 +38,14 @@ def call_retriever(
 
 def _check(value: Any) -> tuple[list[str], str | None]:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        kinds = (
-            sorted({type(v).__name__ for v in value}) if isinstance(value, (list, tuple)) else []
-        )
-        shown = f"{type(value).__name__}[{', '.join(kinds)}]" if kinds else type(value).__name__
-        return [], f"retriever returned {shown}, expected list[str]"
+        return [], f"retriever returned {_describe(value)}, expected list[str]"
     if not any(v.strip() for v in value):
         return [], "retriever returned no passages"
     return list(value), None
+
+
+def _describe(value: Any) -> str:
+    """A type for messages: `dict`, or `list[int, str]` for a sequence with its item types."""
+    if not isinstance(value, (list, tuple)):
+        return type(value).__name__
+    return f"{type(value).__name__}[{', '.join(sorted({type(v).__name__ for v in value}))}]"
