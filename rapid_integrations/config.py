@@ -30,6 +30,9 @@ class RapidConfig:
       tail_guard  "paper" (default): tokens with p_hat(v) < tail_ratio * max p_hat keep p(v);
                   "draft" (the authors' code): the shift is applied only where
                   q(v) >= tail_ratio * max q; "none": no guard.
+    end_guard   where the target's most likely token is end-of-sequence, p_hat = p (not in the
+                paper: a draft on a short context would otherwise talk the target out of
+                stopping; see sampling.end_guard).
     prefix_cache_bytes bounds the KV kept across calls for prompts that share a prefix (the
     next question on the same document, the next chat turn); 0 disables reuse for the call.
     """
@@ -44,6 +47,7 @@ class RapidConfig:
     residual: Residual = "paper"
     tail_guard: TailGuard = "paper"
     tail_ratio: float = 0.1
+    end_guard: bool = True
     ignore_eos: bool = False
     prefill_chunk_size: int = 512
     truncation: Truncation = "error"
@@ -109,6 +113,7 @@ _CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("tail_guard", lambda v: v in ("paper", "draft", "none"), "must be 'paper', 'draft' or 'none'"),
     ("tail_ratio", lambda v: _real(v) and 0 <= v < 1, "must be in [0, 1)"),
     ("ignore_eos", lambda v: isinstance(v, bool), "must be a bool"),
+    ("end_guard", lambda v: isinstance(v, bool), "must be a bool"),
     ("prefill_chunk_size", lambda v: _int(v) and v >= 1, "must be an integer >= 1"),
     ("truncation", lambda v: v in ("error", "head_tail"), "must be 'error' or 'head_tail'"),
     (

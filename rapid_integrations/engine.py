@@ -46,16 +46,18 @@ def speculate(
     gen: torch.Generator,
     budget: Callable[[], int],
     stats: RapidStats,
+    end_ids: torch.Tensor | None = None,
 ) -> Iterator[list[int]]:
     """Yield the tokens committed by each target pass (accepted drafts, then one more).
 
     `budget()` is how many tokens may still be emitted; drafting never proposes past it.
+    `end_ids` are the end-of-sequence ids of the end guard (None: no guard).
     """
     while True:
         gamma = min(cfg.gamma, budget() - 1) if proposer else 0
         x, q = proposer.propose(gamma) if proposer and gamma > 0 else (target.pending[:0], None)
         z = target.feed(x)
-        n, token = verdict(z, x, q, cfg, gen)
+        n, token = verdict(z, x, q, cfg, gen, end_ids)
         target.rollback(gamma - n)
         target.append(token)
         if proposer:
@@ -199,7 +201,11 @@ class RapidEngine:
 
         detok = Detokenizer(self.tokenizer, cfg.stop)
         eos = frozenset() if cfg.ignore_eos else self.eos_token_ids
-        steps = speculate(target, proposer, cfg, gen, lambda: limit - len(detok.ids), stats)
+        guarded = cfg.end_guard and eos and cfg.eta > 0
+        end_ids = torch.tensor(sorted(eos), device=plan.main.device) if guarded else None
+        steps = speculate(
+            target, proposer, cfg, gen, lambda: limit - len(detok.ids), stats, end_ids
+        )
         for token in itertools.chain.from_iterable(steps):
             stats.time_to_first_token = stats.time_to_first_token or time.perf_counter() - start
             delta, finish = _commit(token, detok, eos, limit)

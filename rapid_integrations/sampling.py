@@ -71,6 +71,17 @@ def p_hat(
     return out
 
 
+def end_guard(p_hat_rows: torch.Tensor, p: torch.Tensor, end_ids: torch.Tensor) -> torch.Tensor:
+    """Rows where the target's most likely token ends the sequence get p_hat = p, [k, V].
+
+    Not in the paper: a draft reading a short context often does not see that the answer is
+    complete and, with eta > 0, would talk the target out of stopping (measured: answers that
+    repeat until max_new_tokens). The law of section 2.6 holds with this p_hat.
+    """
+    ends = torch.isin(p.argmax(dim=-1), end_ids)
+    return torch.where(ends[:, None], p, p_hat_rows)
+
+
 def accepted_count(
     x: torch.Tensor, p_hat_x: torch.Tensor, q_x: torch.Tensor, u: torch.Tensor
 ) -> int:

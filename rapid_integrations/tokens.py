@@ -93,7 +93,8 @@ class Detokenizer:
 
     Never emits half a multi-byte character (a decode ending in U+FFFD waits for the next token),
     and holds back any tail that could still grow into a stop string. The concatenated deltas
-    equal `tokenizer.decode(ids, skip_special_tokens=True)` cut before the first stop string.
+    equal `tokenizer.decode(ids, skip_special_tokens=True)` cut before the first stop string,
+    less a character left incomplete when generation ended mid-way through its bytes.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str] = ()) -> None:
@@ -123,7 +124,9 @@ class Detokenizer:
         """Flush everything held back (the generation ended for another reason)."""
         if not self.stopped and self._read < len(self.ids):
             before = self._decode(self.ids[self._prefix : self._read])
-            self._append(self._decode(self.ids[self._prefix :])[len(before) :])
+            # Unread ids end in an incomplete character (else `push` took them): keep the whole
+            # characters before it, drop the replacement marks standing for its bytes.
+            self._append(self._decode(self.ids[self._prefix :])[len(before) :].rstrip("\ufffd"))
             self._read = len(self.ids)
         return self._release(final=True)
 

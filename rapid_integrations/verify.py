@@ -5,26 +5,44 @@ from __future__ import annotations
 import torch
 
 from .config import RapidConfig
-from .sampling import accepted_count, log_probs, p_hat, residual
+from .sampling import accepted_count, end_guard, log_probs, p_hat, residual
 
 
 def verdict(
-    z: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None, cfg: RapidConfig, gen: torch.Generator
+    z: torch.Tensor,
+    x: torch.Tensor,
+    q: torch.Tensor | None,
+    cfg: RapidConfig,
+    gen: torch.Generator,
+    end_ids: torch.Tensor | None = None,
 ) -> tuple[int, torch.Tensor]:
     """Accept a prefix of the drafts and pick the next token.
 
     z: [gamma + 1, V] target logits at the drafts' positions and one past them;
-    x: [gamma] draft ids; q: [gamma, V] draft distributions (None when greedy with eta = 0).
+    x: [gamma] draft ids; q: [gamma, V] draft distributions (None when greedy with eta = 0);
+    end_ids: end-of-sequence ids for `sampling.end_guard` (None: no guard).
     Returns (n accepted, the token [1] emitted after them).
     """
     x, q = x.to(z.device), (None if q is None else q.to(z.device))
     if cfg.greedy:
-        return _greedy(z, x, q, cfg)
-    return _sampled(z, x, q, cfg, gen)
+        return _greedy(z, x, q, cfg, end_ids)
+    return _sampled(z, x, q, cfg, gen, end_ids)
+
+
+def _augmented(
+    logp: torch.Tensor, q: torch.Tensor, cfg: RapidConfig, end_ids: torch.Tensor | None
+) -> torch.Tensor:
+    """p_hat for the draft rows [gamma, V], end guard applied."""
+    ph = p_hat(logp, q, cfg.eta, cfg.tail_guard, cfg.tail_ratio)
+    return ph if end_ids is None else end_guard(ph, logp.exp(), end_ids)
 
 
 def _greedy(
-    z: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None, cfg: RapidConfig
+    z: torch.Tensor,
+    x: torch.Tensor,
+    q: torch.Tensor | None,
+    cfg: RapidConfig,
+    end_ids: torch.Tensor | None,
 ) -> tuple[int, torch.Tensor]:
     # DESIGN.md 2.5: accept iff x_i == argmax p_hat_i (T = 1 softmaxes); emit argmax p_hat on
     # rejection; the bonus position has no q, so p_hat = p there.
@@ -32,21 +50,26 @@ def _greedy(
     y = logp.argmax(-1)
     gamma = x.numel()
     if q is not None and gamma:
-        y[:gamma] = p_hat(logp[:gamma], q, cfg.eta, cfg.tail_guard, cfg.tail_ratio).argmax(-1)
+        y[:gamma] = _augmented(logp[:gamma], q, cfg, end_ids).argmax(-1)
     mismatch = (y[:gamma] != x).int()
     n = int(mismatch.argmax()) if bool(mismatch.any()) else gamma
     return n, y[n : n + 1]
 
 
 def _sampled(
-    z: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None, cfg: RapidConfig, gen: torch.Generator
+    z: torch.Tensor,
+    x: torch.Tensor,
+    q: torch.Tensor | None,
+    cfg: RapidConfig,
+    gen: torch.Generator,
+    end_ids: torch.Tensor | None,
 ) -> tuple[int, torch.Tensor]:
     logp = log_probs(z, cfg.temperature, cfg.top_p)
     gamma = x.numel()
     n, dist = 0, logp[0].exp()
     if gamma:
         assert q is not None
-        ph = p_hat(logp[:gamma], q, cfg.eta, cfg.tail_guard, cfg.tail_ratio)
+        ph = _augmented(logp[:gamma], q, cfg, end_ids)
         idx = x[:, None]
         u = torch.rand(gamma, generator=gen, device=z.device)
         n = accepted_count(x, ph.gather(1, idx)[:, 0], q.gather(1, idx)[:, 0], u)

@@ -30,6 +30,7 @@ BAD_VALUES = {
     "tail_guard": ["both"],
     "tail_ratio": [1.0, -0.1],
     "ignore_eos": ["yes"],
+    "end_guard": ["yes"],
     "prefill_chunk_size": [0],
     "truncation": ["middle"],
     "retrieval_budget": [0],
@@ -190,3 +191,13 @@ def test_stop_string_split_across_tokens(smol):
         if detok.stopped:
             break
     assert detok.stopped and "".join(out) == detok.text == "naïve café — 你好，"
+
+
+@pytest.mark.slow
+def test_generation_cut_inside_a_character_drops_the_partial_bytes(smol):
+    _, tokenizer = smol
+    ids = tokenizer.encode("ok 🎉")
+    detok = Detokenizer(tokenizer)
+    cut = next(i for i in range(1, len(ids)) if tokenizer.decode(ids[:i]).endswith("\ufffd"))
+    text = "".join(detok.push(t) for t in ids[:cut]) + detok.finish()
+    assert text == detok.text == "ok " and "\ufffd" not in text

@@ -158,3 +158,25 @@ def test_lower_precision_self_draft_keeps_the_identity(tok, precision):
         assert out.token_ids == reference_greedy(t, tok.encode(prompt), 16, len(tok))
         accepted += out.stats.accepted_tokens
     assert accepted > 0
+
+
+def _continued_past_an_end(target, tok, prompt: str, ids: list[int]) -> bool:
+    """True when some emitted token came where the target's own top choice was end-of-sequence."""
+    context = tok.encode(prompt)
+    return any(
+        reference_greedy(target, context + ids[:i], 1, len(tok)) == [0] for i in range(len(ids))
+    )
+
+
+def test_end_guard_never_talks_the_target_out_of_stopping(tok, target, draft):
+    engine = RapidEngine(
+        target, draft, tokenizer=tok, config=RapidConfig(eta=50.0, max_new_tokens=30)
+    )
+    prompts = [a + b for a in "abcdefghijkl" for b in "abcdefghijkl"][:40]
+    unguarded = 0
+    for prompt in prompts:
+        out = engine.generate(prompt, prompt[-1])
+        assert not _continued_past_an_end(target, tok, prompt, out.token_ids), prompt
+        loose = engine.generate(prompt, prompt[-1], end_guard=False)
+        unguarded += _continued_past_an_end(target, tok, prompt, loose.token_ids)
+    assert unguarded > 0  # without the guard the draft does override the target's stop

@@ -7,7 +7,14 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from rapid_integrations.sampling import accepted_count, log_probs, one_step_law, p_hat, residual
+from rapid_integrations.sampling import (
+    accepted_count,
+    end_guard,
+    log_probs,
+    one_step_law,
+    p_hat,
+    residual,
+)
 
 V = 12
 
@@ -125,3 +132,10 @@ def test_monte_carlo_of_accept_then_residual_follows_one_step_law(rule, eta):
     keep = law * n >= 5
     stat = chisquare(counts[keep], law[keep] / law[keep].sum() * counts[keep].sum())
     assert stat.pvalue > 1e-3, (stat, counts, law * n)
+
+
+def test_end_guard_restores_p_where_the_target_would_end():
+    p = torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.7, 0.1]], dtype=torch.float64)
+    ph = torch.tensor([[0.1, 0.8, 0.1], [0.1, 0.1, 0.8]], dtype=torch.float64)
+    out = end_guard(ph, p, torch.tensor([0]))
+    assert torch.equal(out[0], p[0]) and torch.equal(out[1], ph[1])
