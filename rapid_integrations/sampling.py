@@ -31,7 +31,10 @@ def log_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.T
     z = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if not torch.isfinite(z).all():
         raise NumericalError("model produced NaN or infinite logits; refusing to sample")
-    logp = torch.log_softmax(z / (temperature or 1.0), dim=-1)
+    # Shifted to <= 0 and T kept above underflow: a tiny T or a huge logit then overflows only
+    # to -inf (probability 0), never to +inf, whose softmax is NaN.
+    z = z - z.amax(dim=-1, keepdim=True)
+    logp = torch.log_softmax(z / max(temperature or 1.0, torch.finfo(z.dtype).tiny), dim=-1)
     if top_p >= 1.0:
         return logp
     sorted_logp, order = logp.sort(dim=-1, descending=True)
@@ -61,7 +64,9 @@ def p_hat(
     p = logp.exp()
     if eta == 0:
         return p
-    shift = eta * (q - p)
+    # eta beyond the dtype's range would turn eta * 0 into NaN; the capped shift still
+    # dominates every log-probability, which is the limit eta -> inf.
+    shift = min(eta, torch.finfo(logp.dtype).max) * (q - p)
     if tail_guard == "draft":
         shift = shift * (q >= tail_ratio * q.amax(dim=-1, keepdim=True))
     out = torch.softmax(logp + shift, dim=-1)
