@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
+import traceback
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,10 +22,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from .attention import use_rapid_attention
 from .config import RapidConfig
 from .drafting import ModelProposer, Proposer
 from .errors import (
     ContextWindowExceededError,
+    DeviceOutOfMemoryError,
     RapidConfigError,
     RapidInputError,
     VocabularyMismatchError,
@@ -37,6 +40,8 @@ from .tokens import Detokenizer, Prompt, encode_prompt, is_chat, stop_token_ids
 from .verify import verdict
 
 MODES = ("rapid", "sd", "lc", "rag")
+# How the CPU allocator words running out (a plain RuntimeError, unlike CUDA's OutOfMemoryError).
+_OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "not enough memory")
 
 
 def speculate(
@@ -86,6 +91,8 @@ class RapidEngine:
     The draft may sit on another device; it must share the target's token ids.
     draft_precision ("bfloat16", "float16" or "int8") drafts with a cheaper in-memory copy of
     the draft (of the target, under self-speculation); outputs stay exact, acceptance may drop.
+    Models that use SDPA are switched to `attention.rapid_attention`, the same math without
+    copying the grouped-query KV cache on verify passes.
     """
 
     def __init__(
@@ -112,6 +119,8 @@ class RapidEngine:
             self.draft, draft_tok = load_model(draft, device=draft_device or device, dtype=dtype)
         if draft_precision is not None:
             self.draft = lower_precision_copy(self.draft, draft_precision)
+        for model in {id(m): m for m in (self.target, self.draft)}.values():
+            use_rapid_attention(model)
         self.vocab_size = _shared_vocab(
             self.tokenizer, self.target, self.draft, draft_tokenizer or draft_tok
         )
@@ -159,7 +168,7 @@ class RapidEngine:
     ) -> RapidOutput:
         """Generate a completion. `overrides` are `RapidConfig` fields for this call, plus
         `retriever=` and `query=` for building the draft prompt when `draft_prompt` is None."""
-        run = self._run(prompt, draft_prompt, mode, overrides)
+        run = self._begin(prompt, draft_prompt, mode, overrides)
         while True:
             try:
                 next(run)
@@ -174,14 +183,39 @@ class RapidEngine:
         **overrides: Any,
     ) -> RapidStream:
         """Like `generate`, but iterate text deltas as tokens are committed; `.output` at the end."""
-        return RapidStream(self._run(prompt, draft_prompt, mode, overrides))
+        return RapidStream(self._begin(prompt, draft_prompt, mode, overrides))
+
+    def _begin(
+        self, prompt: Prompt, draft_prompt: Prompt | None, mode: str, overrides: dict[str, Any]
+    ) -> Generator[str, None, RapidOutput]:
+        """Plan the call now, so that bad input raises here and not at a stream's first token;
+        the generator returned decodes it."""
+        start = time.perf_counter()
+        plan, stats = self._plan(prompt, draft_prompt, mode, overrides)
+        return self._free_on_out_of_memory(self._run(plan, stats, start), plan)
+
+    def _free_on_out_of_memory(
+        self, run: Generator[str, None, RapidOutput], plan: _Plan
+    ) -> Generator[str, None, RapidOutput]:
+        """`run`, with running out of memory raised as `DeviceOutOfMemoryError`.
+
+        The failed call's frames are cleared, or the error would keep its half-filled KV caches
+        and the model's activations alive for as long as the caller holds it; the prefix cache
+        is emptied, as the memory the engine itself can give back.
+        """
+        try:
+            return (yield from run)
+        except Exception as exc:
+            if not _is_out_of_memory(exc):
+                raise
+            traceback.clear_frames(exc.__traceback__)
+            self.prefix_cache.clear()
+            raise DeviceOutOfMemoryError(_out_of_memory_advice(exc, plan)) from exc
 
     @torch.inference_mode()
     def _run(
-        self, prompt: Prompt, draft_prompt: Prompt | None, mode: str, overrides: dict[str, Any]
+        self, plan: _Plan, stats: RapidStats, start: float
     ) -> Generator[str, None, RapidOutput]:
-        start = time.perf_counter()
-        plan, stats = self._plan(prompt, draft_prompt, mode, overrides)
         cfg = plan.cfg
         gen = torch.Generator(plan.main.device).manual_seed(stats.seed)
         limit = min(cfg.max_new_tokens, plan.window - len(plan.ids))
@@ -316,6 +350,23 @@ def _commit(
     if len(detok.ids) >= limit:
         return delta + detok.finish(), "length"
     return delta, None
+
+
+def _is_out_of_memory(exc: Exception) -> bool:
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OUT_OF_MEMORY)
+
+
+def _out_of_memory_advice(exc: Exception, plan: _Plan) -> str:
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    return (
+        f"out of memory on a call with a {len(plan.ids)}-token prompt ({reason}). The call's "
+        "caches were freed and the prefix cache emptied; the engine can be called again. To "
+        f"fit: a smaller prefill_chunk_size (now {plan.cfg.prefill_chunk_size}) or "
+        "prefix_cache_bytes, a shorter prompt (or truncation='head_tail'), fewer "
+        "max_new_tokens, or the model in a lower-precision dtype"
+    )
 
 
 def _window(model: PreTrainedModel) -> int:
