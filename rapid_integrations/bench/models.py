@@ -83,17 +83,18 @@ def choose_dtype(
 ) -> tuple[torch.dtype, dict[str, float]]:
     """Cast `model` to the faster dtype here and return it with the measured prefill seconds.
 
-    CUDA: bfloat16 without measuring. CPU: a `DTYPE_PROBE_TOKENS`-token forward, best of two,
-    in float32 and in bfloat16.
+    CUDA: bfloat16 without measuring. CPU: a `DTYPE_PROBE_TOKENS`-token forward in float32
+    and in bfloat16, alternating, best of three each (alternation keeps a burst of load from
+    other processes from landing on one dtype only).
     """
     if device.type == "cuda":
         model.to(torch.bfloat16)
         return torch.bfloat16, {}
     ids = torch.randint(0, model.config.vocab_size, (1, DTYPE_PROBE_TOKENS), device=device)
-    seconds = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        model.to(dtype)
-        seconds[str(dtype).removeprefix("torch.")] = min(_forward_seconds(model, ids) for _ in "ab")
+    seconds = {"float32": float("inf"), "bfloat16": float("inf")}
+    for name in ("float32", "bfloat16") * 3:
+        model.to(getattr(torch, name))
+        seconds[name] = min(seconds[name], _forward_seconds(model, ids))
     best = torch.float32 if seconds["float32"] <= seconds["bfloat16"] else torch.bfloat16
     model.to(best)
     return best, seconds
