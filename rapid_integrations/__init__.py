@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .config import RapidConfig
 from .errors import (
     ContextWindowExceededError,
+    DeviceOutOfMemoryError,
     ModelNotFoundError,
     NumericalError,
     RapidConfigError,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ContextWindowExceededError",
+    "DeviceOutOfMemoryError",
     "ModelNotFoundError",
     "NumericalError",
     "RapidConfig",

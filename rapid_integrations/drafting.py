@@ -11,7 +11,7 @@ import torch
 
 from .config import RapidConfig
 from .kv import KVState
-from .sampling import log_probs
+from .sampling import check_finite, log_probs
 
 
 class Proposer(Protocol):
@@ -37,14 +37,19 @@ class ModelProposer:
 
     def propose(self, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         logits = self.state.feed()[-1]
-        xs, qs = [], []
+        xs, qs, rows = [], [], []
         for i in range(gamma):
             x, q = self._pick(logits)
             xs.append(x)
             qs.append(q)
+            rows.append(logits)
             if i + 1 < gamma:
                 logits = self.state.feed(x)[-1]
         self._last = xs[-1]
+        if not self._need_q:
+            # log_probs checks the logits whenever q is computed; once per proposal here, as a
+            # check per step would wait on the device between draft steps.
+            check_finite(torch.stack(rows), "the draft model")
         return torch.cat(xs), (torch.stack(qs) if self._need_q else None)
 
     def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -45,6 +45,14 @@ class ModelNotFoundError(RapidError, FileNotFoundError):
     """A model (or the embedded default) is not where it was asked for; the message says how to get it."""
 
 
+class DeviceOutOfMemoryError(RapidError, MemoryError):
+    """A model ran out of memory (GPU or CPU) during a call; the original error is `__cause__`.
+
+    The engine stays usable: the failed call's caches are freed (even while this error is
+    held) and the cross-call prefix cache is emptied. The message says what to lower.
+    """
+
+
 class NumericalError(RapidError, FloatingPointError):
     """A model produced NaN or infinite logits; nothing is sampled from them."""
 

@@ -136,20 +136,19 @@ def load_model(
         model, tokenizer = _load_gguf(path)
         model = model.to(device=device, dtype=resolve_dtype(dtype, device))
         return model.eval(), tokenizer
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if not path.is_dir() and (path.is_absolute() or str(spec).startswith(".")):
         raise ModelNotFoundError(f"model folder not found: {path}")
     source = str(path) if path.is_dir() else str(spec)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=resolve_dtype(dtype, device))
     except OSError as exc:
         raise ModelNotFoundError(
             f"could not load model {spec!r}: {exc}. Pass a local folder, a .gguf file or a "
             "transformers model object; hub ids need network access to the Hugging Face hub."
         ) from exc
-    return model.to(device).eval(), tokenizer
+    return model.to(device).eval(), _saved_tokenizer(source)
 
 
 def lower_precision_copy(model: PreTrainedModel, precision: str) -> PreTrainedModel:
@@ -173,13 +172,19 @@ def lower_precision_copy(model: PreTrainedModel, precision: str) -> PreTrainedMo
 
 
 def _tokenizer_for(model: PreTrainedModel) -> PreTrainedTokenizerBase | None:
-    from transformers import AutoTokenizer
-
     name = getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", "")
     if not name or not Path(name).is_dir():
         return None
+    return _saved_tokenizer(name)
+
+
+def _saved_tokenizer(source: str) -> PreTrainedTokenizerBase | None:
+    """The tokenizer saved with a model, or None: a draft folder often has none, and a target
+    without one gets the engine's "pass tokenizer=" error rather than transformers' own."""
+    from transformers import AutoTokenizer
+
     try:
-        return AutoTokenizer.from_pretrained(name)
+        return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError):
         return None
 

@@ -22,6 +22,15 @@ import torch
 from .errors import NumericalError
 
 
+def check_finite(logits: torch.Tensor, source: str = "the model") -> None:
+    """Raise `NumericalError` unless every logit is finite: nothing is sampled from NaN."""
+    if not torch.isfinite(logits).all():
+        raise NumericalError(
+            f"{source} produced NaN or infinite logits; refusing to sample (the usual cause is "
+            "float16 overflowing: use bfloat16 or float32, or another draft_precision)"
+        )
+
+
 def log_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """[k, V] logits -> [k, V] log-probabilities at temperature T with nucleus filtering.
 
@@ -29,8 +38,7 @@ def log_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.T
     get -inf. Computed in at least fp32 whatever the model's dtype.
     """
     z = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    if not torch.isfinite(z).all():
-        raise NumericalError("model produced NaN or infinite logits; refusing to sample")
+    check_finite(z)
     # Shifted to <= 0 and T kept above underflow: a tiny T or a huge logit then overflows only
     # to -inf (probability 0), never to +inf, whose softmax is NaN.
     z = z - z.amax(dim=-1, keepdim=True)
