@@ -96,13 +96,23 @@ def _load_gguf(
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -> torch.dtype:
-    """ "auto" / None -> bfloat16 on CUDA, float32 elsewhere; names like "bf16" accepted."""
+    """ "auto" / None: bfloat16 on CUDA and on CPUs with native bf16 (AVX512-BF16 / AMX), else
+    float32. Names like "bf16" are accepted.
+
+    Measured on a 2-core AVX512-BF16 machine, SmolLM2-135M at 8K tokens with this package's
+    decode attention: one decode pass 54 ms in bf16 vs 62 ms in fp32, a 9-token verify pass
+    82 ms vs 132 ms.
+    """
     import torch
 
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        device = torch.device(device)
+        fast_bf16 = device.type == "cuda" or (
+            device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        )
+        return torch.bfloat16 if fast_bf16 else torch.float32
     names = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
     resolved = getattr(torch, names.get(dtype, dtype), None)
     if not isinstance(resolved, torch.dtype):
