@@ -5,6 +5,7 @@ Public names only; heavy modules (torch, transformers) load on first use.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from .config import RapidConfig
@@ -23,10 +24,14 @@ from .outputs import RapidOutput, RapidStats, RapidStream
 
 if TYPE_CHECKING:
     from .engine import RapidEngine
+    from .prompts import build_draft_prompt
+    from .retrieval import ContextRetriever, FaissContextRetriever
 
 __all__ = [
+    "ContextRetriever",
     "ContextWindowExceededError",
     "DeviceOutOfMemoryError",
+    "FaissContextRetriever",
     "ModelNotFoundError",
     "NumericalError",
     "RapidConfig",
@@ -39,12 +44,20 @@ __all__ = [
     "RapidStream",
     "RetrievalError",
     "VocabularyMismatchError",
+    "build_draft_prompt",
 ]
+
+# Names whose modules pull in torch / transformers: imported on first use.
+_LAZY = {
+    "RapidEngine": "engine",
+    "build_draft_prompt": "prompts",
+    "ContextRetriever": "retrieval",
+    "FaissContextRetriever": "retrieval",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "RapidEngine":
-        from .engine import RapidEngine
-
-        return RapidEngine
+    if name in _LAZY:
+        module = importlib.import_module(f".{_LAZY[name]}", __name__)
+        return getattr(module, name)
     raise AttributeError(f"module 'rapid_integrations' has no attribute {name!r}")
