@@ -7,19 +7,17 @@ decoding decision stays in the engine; this module only maps LangChain's vocabul
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import contextvars
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 from typing_extensions import Self
 
 from rapid_integrations import RapidConfig, RapidError, RapidInputError
+from rapid_integrations.aio import aiter_in_thread as aiter_in_thread  # for chat_models, llms
 
 from .retrievers import as_context_retriever
 
@@ -46,8 +44,6 @@ else:
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 """How the embedded default model is reported (its converted folder path says nothing useful)."""
 
-_T = TypeVar("_T")
-_DONE = object()
 # Fields of this class that carry a RapidConfig value, under the engine's name for it.
 _CONFIG_FIELDS = {
     "temperature": "temperature",
@@ -284,45 +280,3 @@ class RapidRun:
         if self._stream.output is None:
             raise RuntimeError("the run has not finished")
         return self._stream.output
-
-
-async def aiter_in_thread(make: Callable[[], Generator[_T, None, None]]) -> AsyncIterator[_T]:
-    """Iterate a blocking iterator in a worker thread without blocking the event loop.
-
-    Items cross to the loop through a queue. If the consumer stops early (break, cancellation,
-    an exception), the worker stops at its next item and closes the generator, so an abandoned
-    generation does not keep the CPU busy.
-    """
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[Any, BaseException | None]] = asyncio.Queue()
-    cancelled = threading.Event()
-
-    def send(item: Any, error: BaseException | None = None) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is already closed: nobody listens
-            loop.call_soon_threadsafe(queue.put_nowait, (item, error))
-
-    def produce() -> None:
-        try:
-            with contextlib.closing(make()) as items:
-                for item in items:
-                    if cancelled.is_set():
-                        return
-                    send(item)
-            send(_DONE)
-        except BaseException as error:  # handed to the consumer, who re-raises it
-            send(_DONE, error)
-
-    # Not awaited on early exit: a worker inside a long prefill would delay the cancellation;
-    # it notices `cancelled` at its next item and ends on its own.
-    worker = loop.run_in_executor(None, contextvars.copy_context().run, produce)
-    try:
-        while True:
-            item, error = await queue.get()
-            if error is not None:
-                raise error
-            if item is _DONE:
-                await worker
-                return
-            yield item
-    finally:
-        cancelled.set()

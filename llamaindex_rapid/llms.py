@@ -9,10 +9,10 @@ send finished template text, so the query the draft's retrieval needs is read ou
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import dataclasses
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from llama_index.core.base.llms.types import (
@@ -30,7 +30,8 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 
-from rapid_integrations import RapidConfig, RapidConfigError, RapidOutput
+from rapid_integrations import RapidConfig, RapidConfigError, RapidInputError, RapidOutput
+from rapid_integrations.aio import aiter_in_thread
 
 from .retrievers import as_context_retriever
 from .templates import as_query_extractor
@@ -58,7 +59,9 @@ _ROLES = {
     MessageRole.CHATBOT: "assistant",
     MessageRole.MODEL: "assistant",
 }
-T = TypeVar("T")
+# Blocks that carry input a text model cannot read (media) or that it cannot act on (tools).
+_UNREADABLE_BLOCKS = frozenset({"image", "audio", "video", "document", "tool_call"})
+R = TypeVar("R", CompletionResponse, ChatResponse)
 
 
 class RapidLLM(CustomLLM):
@@ -158,25 +161,34 @@ class RapidLLM(CustomLLM):
     async def acomplete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponse:
-        return await asyncio.to_thread(self._complete, prompt, formatted, kwargs)
+        # Through the stream, so that a cancelled call stops decoding at its next token.
+        return await _final(
+            aiter_in_thread(lambda: self._stream_complete(prompt, formatted, kwargs))
+        )
 
     @llm_completion_callback()
     async def astream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
-        return _in_thread(self._stream_complete(prompt, formatted, kwargs))
+        return aiter_in_thread(lambda: self._stream_complete(prompt, formatted, kwargs))
 
     def _complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponse:
-        prompt = prompt if formatted else self.completion_to_prompt(prompt)
+        prompt = self._completion_prompt(prompt, formatted)
         out = self.engine.generate(prompt, **self._call_args(prompt, kwargs))
         return CompletionResponse(text=out.text, **_report(out))
 
     def _stream_complete(
         self, prompt: str, formatted: bool, kwargs: dict[str, Any]
     ) -> CompletionResponseGen:
-        prompt = prompt if formatted else self.completion_to_prompt(prompt)
+        prompt = self._completion_prompt(prompt, formatted)
         for text, delta, out in self._stream(prompt, self._call_args(prompt, kwargs)):
             yield CompletionResponse(text=text, delta=delta, **_report(out))
+
+    def _completion_prompt(self, prompt: str, formatted: bool) -> str:
+        """`prompt`, checked and, unless `formatted`, passed through `completion_to_prompt`."""
+        if not isinstance(prompt, str):
+            raise RapidInputError(f"the prompt must be a string, got {type(prompt).__name__}")
+        return prompt if formatted else self.completion_to_prompt(prompt)
 
     # -- chat ------------------------------------------------------------------------------
 
@@ -190,13 +202,13 @@ class RapidLLM(CustomLLM):
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return await asyncio.to_thread(self._chat, messages, kwargs)
+        return await _final(aiter_in_thread(lambda: self._stream_chat(messages, kwargs)))
 
     @llm_chat_callback()
     async def astream_chat(
         self, messages: Sequence[ChatMessage], **kwargs: Any
     ) -> ChatResponseAsyncGen:
-        return _in_thread(self._stream_chat(messages, kwargs))
+        return aiter_in_thread(lambda: self._stream_chat(messages, kwargs))
 
     def _chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
         prompt = self._chat_prompt(messages)
@@ -212,6 +224,7 @@ class RapidLLM(CustomLLM):
 
     def _chat_prompt(self, messages: Sequence[ChatMessage]) -> list[dict[str, str]] | str:
         """Role/content dicts for the engine's chat template, or flattened text without one."""
+        _check_text_only(messages)
         if not _has_chat_template(self.engine):
             return self.messages_to_prompt(messages)
         return [
@@ -305,13 +318,22 @@ def _report(out: RapidOutput | None) -> dict[str, Any]:
     return {"raw": raw, "additional_kwargs": {**usage, "rapid_stats": stats}}
 
 
-async def _in_thread(items: Iterator[T]) -> AsyncIterator[T]:
-    """Iterate a blocking iterator off the event loop, one item per worker-thread hop."""
-    done = object()
-    try:
-        while (item := await asyncio.to_thread(next, items, done)) is not done:
-            yield item  # type: ignore[misc]
-    finally:
-        close = getattr(items, "close", None)
-        if close is not None:
-            await asyncio.to_thread(close)
+def _check_text_only(messages: Sequence[ChatMessage]) -> None:
+    """Raise for content the model cannot read, which `ChatMessage.content` would silently drop."""
+    for i, message in enumerate(messages):
+        for block in message.blocks:
+            if block.block_type in _UNREADABLE_BLOCKS:
+                raise RapidInputError(
+                    f"message {i}: {block.block_type!r} content is not supported; RapidLLM "
+                    "reads text only and does not call tools"
+                )
+
+
+async def _final(responses: AsyncGenerator[R, None]) -> R:
+    """The last response of a stream, as the non-streaming call returns it (no delta)."""
+    last = None
+    async with contextlib.aclosing(responses) as items:  # cancelled: the worker stops now
+        async for response in items:
+            last = response
+    assert last is not None  # a stream ends with the response that carries the stats
+    return last.model_copy(update={"delta": None})

@@ -56,6 +56,16 @@ def fail_past(tokens: int, error: BaseException) -> Callable[..., Any]:
     return around
 
 
+def slow_down(seconds: float) -> Callable[..., Any]:
+    """A forward that takes `seconds` longer: generations outlast the consumers in a test."""
+
+    def around(forward: Forward, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return forward(**kwargs)
+
+    return around
+
+
 class CacheTracker:
     """Weak references to every KV cache the engine allocates while installed."""
 
