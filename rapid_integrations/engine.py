@@ -353,12 +353,14 @@ def _commit(
 
 
 def _is_out_of_memory(exc: Exception) -> bool:
+    """Whether `exc` is a device (or host) running out of memory, however the backend says it."""
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OUT_OF_MEMORY)
 
 
 def _out_of_memory_advice(exc: Exception, plan: _Plan) -> str:
+    """The message of `DeviceOutOfMemoryError`: the call's size, the cause, what to lower."""
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
     return (
         f"out of memory on a call with a {len(plan.ids)}-token prompt ({reason}). The call's "
