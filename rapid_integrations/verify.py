@@ -47,7 +47,9 @@ def _greedy(
     # DESIGN.md 2.5: accept iff x_i == argmax p_hat_i (T = 1 softmaxes); emit argmax p_hat on
     # rejection; the bonus position has no q, so p_hat = p there.
     logp = log_probs(z, 0.0, 1.0)
-    y = logp.argmax(-1)
+    # argmax p is argmax z; taken on z, logits closer than log_softmax's rounding stay apart,
+    # so eta = 0 picks exactly the target's own greedy token.
+    y = z.argmax(-1)
     gamma = x.numel()
     if q is not None and gamma:
         y[:gamma] = _augmented(logp[:gamma], q, cfg, end_ids).argmax(-1)

@@ -168,7 +168,7 @@ def test_verdict_emits_a_token_of_the_targets_nucleus(
     seed: int,
     end: bool,
 ) -> None:
-    """Accepted drafts and the emitted token all lie where the target's p is positive."""
+    """Accepted drafts and the emitted token all lie in the target's nucleus."""
     z = data.draw(logits(rows=gamma + 1))
     vocab = z.shape[-1]
     cfg = RapidConfig(
@@ -184,10 +184,14 @@ def test_verdict_emits_a_token_of_the_targets_nucleus(
         if gamma
         else torch.zeros(0, vocab)
     )
+    if cfg.greedy and eta == 0:
+        q = None  # the proposer's contract: greedy with eta = 0 needs no q
     end_ids = torch.tensor([0]) if end else None
     n, token = verdict(z, x, q, cfg, torch.Generator().manual_seed(seed), end_ids)
     assert 0 <= n <= gamma and token.shape == (1,)
-    logp = log_probs(z, cfg.temperature, cfg.top_p)
+    # Greedy decoding reads the T = 1 softmax without top_p (DESIGN.md 2.5): its nucleus is
+    # every token, and with eta = 0 it emits the argmax.
+    logp = log_probs(z, cfg.temperature, 1.0 if cfg.greedy else cfg.top_p)
     emitted = [*x[:n].tolist(), int(token)]
     assert all(logp[i, t] > float("-inf") for i, t in enumerate(emitted))
     if cfg.greedy and eta == 0:
