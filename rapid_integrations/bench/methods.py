@@ -25,7 +25,13 @@ from transformers.generation.streamers import BaseStreamer
 from ..engine import RapidEngine
 from ..outputs import RapidStats
 from ..tokens import Detokenizer, encode_prompt
-from .probe import DecodeTimings, ForwardProbe, peak_memory_bytes, reset_peak_memory
+from .probe import (
+    DecodeTimings,
+    ForwardProbe,
+    current_memory_bytes,
+    peak_memory_bytes,
+    reset_peak_memory,
+)
 
 ENGINE_METHODS = ("lc", "rag", "sd", "rapid")
 HF_METHODS = ("hf", "hf-pld")
@@ -78,6 +84,7 @@ class Measurement:
     verify_step_seconds: float | None = None
     draft_step_seconds: float | None = None
     peak_memory_bytes: int | None = None
+    baseline_memory_bytes: int | None = None
     engine_stats: dict[str, Any] | None = None
     """Everything `RapidStats` reported, for figures this layout does not name yet."""
 
@@ -105,6 +112,7 @@ def measure_engine(
     device = engine.target.device
     probe.reset()
     reset_peak_memory(device)
+    baseline = current_memory_bytes(device)
     start = time.perf_counter()
     out = engine.generate(prompt, draft_prompt, mode=method.name, **overrides)
     timings = probe.decode_timings(start + out.stats.prefill_seconds)
@@ -112,6 +120,7 @@ def measure_engine(
         answer=out.text,
         finish_reason=out.finish_reason,
         peak_memory_bytes=peak_memory_bytes(device),
+        baseline_memory_bytes=baseline,
         engine_stats=out.stats.to_dict(),
         **_stats_fields(out.stats),
         **_timing_fields(timings, out.stats.decode_seconds),
@@ -187,6 +196,7 @@ def measure_transformers(
     clock = _FirstTokenClock()
     probe.reset()
     reset_peak_memory(model.device)
+    baseline = current_memory_bytes(model.device)
     start = time.perf_counter()
     out = model.generate(
         ids,
@@ -215,6 +225,7 @@ def measure_transformers(
         decode_tokens_per_second=(len(generated) - 1) / decode if len(generated) > 1 else None,
         target_forward_passes=passes + 1,
         peak_memory_bytes=peak_memory_bytes(model.device),
+        baseline_memory_bytes=baseline,
         **_timing_fields(probe.decode_timings(start + first), decode),
     )
 

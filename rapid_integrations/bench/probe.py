@@ -2,7 +2,8 @@
 
 `ForwardProbe` times every forward pass of the models through module hooks, so one run tells
 apart the time spent in model forwards (target decode steps, verify steps, draft steps) from
-the time outside them; `peak_memory_bytes` reports the peak memory of the run.
+the time outside them; `current_memory_bytes` and `peak_memory_bytes` report memory in use
+before a call and at its peak.
 """
 
 from __future__ import annotations
@@ -129,14 +130,27 @@ def reset_peak_memory(device: torch.device) -> None:
             _CLEAR_REFS.write_text("5")
 
 
+def current_memory_bytes(device: torch.device) -> int | None:
+    """Memory in use now: CUDA allocated memory, else the resident set on Linux (VmRSS)."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    return _status_bytes("VmRSS")
+
+
+def _status_bytes(field: str) -> int | None:
+    if not _STATUS.exists():
+        return None
+    found = re.search(rf"{field}:\s+(\d+) kB", _STATUS.read_text())
+    return int(found.group(1)) * 1024 if found else None
+
+
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak bytes since `reset_peak_memory`: CUDA allocated memory, else the resident set
     (Linux VmHWM; elsewhere the process-lifetime maximum from getrusage)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    if _STATUS.exists():
-        found = re.search(r"VmHWM:\s+(\d+) kB", _STATUS.read_text())
-        if found:
-            return int(found.group(1)) * 1024
+    peak = _status_bytes("VmHWM")
+    if peak is not None:
+        return peak
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux kB
