@@ -54,12 +54,15 @@ def test_eta0_sampling_first_token_follows_p(engine, target, tok, gamma):
     assert_follows(counts, next_token_probs(target, tok.encode(PROMPT), len(tok)).numpy())
 
 
-def test_eta0_sampling_second_token_follows_p(engine, target, tok):
-    """Marginal of token 2: sum_x1 p(x1) p(x2 | x1), through acceptance and the bonus token."""
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_eta0_sampling_second_token_follows_p(engine, target, tok, gamma):
+    """Marginal of token 2: sum_x1 p(x1) p(x2 | x1). With gamma = 1 it is the bonus token
+    whenever the first draft is accepted; with gamma = 3 it is a verified draft position."""
     ids = tok.encode(PROMPT)
     p1 = next_token_probs(target, ids, len(tok))
     law = sum(p1[a] * next_token_probs(target, [*ids, a], len(tok)) for a in range(len(tok)))
-    assert_follows(first_tokens(engine, position=1, gamma=3, max_new_tokens=4), law.numpy())
+    counts = first_tokens(engine, position=1, gamma=gamma, max_new_tokens=gamma + 1)
+    assert_follows(counts, law.numpy())
 
 
 def test_eta0_temperature_and_top_p_follow_filtered_p(engine, target, tok):

@@ -180,3 +180,38 @@ def test_end_guard_never_talks_the_target_out_of_stopping(tok, target, draft):
         loose = engine.generate(prompt, prompt[-1], end_guard=False)
         unguarded += _continued_past_an_end(target, tok, prompt, loose.token_ids)
     assert unguarded > 0  # without the guard the draft does override the target's stop
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 5, 12])
+def test_a_draft_identical_to_the_target_is_always_accepted(tok, target, gamma):
+    """Self-speculation on the full prompt at eta = 0: every draft is the target's own greedy
+    token, so acceptance is exactly 1. A draft cache cropped wrongly after a step (which the
+    output identity cannot see: the target decides every token) breaks this."""
+    engine = RapidEngine(
+        target, tokenizer=tok, config=RapidConfig(eta=0.0, max_new_tokens=30, ignore_eos=True)
+    )
+    for prompt, _ in random_prompts(6, seed=40 + gamma):
+        s = engine.generate(prompt, mode="sd", gamma=gamma).stats
+        assert s.accepted_tokens == s.drafted_tokens > 0
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_proposer_cache_follows_every_verdict(tok, draft, gamma):
+    """After any verdict (n of gamma kept, then a token), the next proposals are the draft's own
+    greedy continuation of prompt + kept tokens: the draft cache was cropped exactly."""
+    from rapid_integrations.drafting import ModelProposer
+    from rapid_integrations.kv import KVState
+
+    cfg = RapidConfig(eta=0.0, gamma=gamma)
+    prompt = tok.encode("abc hij kl")
+    for kept in range(gamma + 1):
+        state = KVState.start(draft, prompt, len(tok), chunk=4, capacity=len(prompt) + 4 * gamma)
+        proposer = ModelProposer(state, cfg, torch.Generator())
+        x, _ = proposer.propose(gamma)
+        assert x.tolist() == reference_greedy(draft, prompt, gamma, len(tok))
+        token = torch.tensor([(int(x[kept]) + 1) % len(tok) if kept < gamma else 5])
+        proposer.commit(kept, gamma, token)
+        context = prompt + x[:kept].tolist() + token.tolist()
+        assert proposer.propose(gamma)[0].tolist() == reference_greedy(
+            draft, context, gamma, len(tok)
+        )
