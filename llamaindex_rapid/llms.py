@@ -32,6 +32,7 @@ from llama_index.core.llms.custom import CustomLLM
 
 from rapid_integrations import RapidConfig, RapidConfigError, RapidInputError, RapidOutput
 from rapid_integrations.aio import aiter_in_thread
+from rapid_integrations.config import check_mode
 
 from .retrievers import as_context_retriever
 from .templates import as_query_extractor
@@ -107,7 +108,7 @@ class RapidLLM(CustomLLM):
     ) -> None:
         # Checked here, not by pydantic, so that bad values raise the package's own errors
         # at construction rather than on the first call.
-        _check_mode(mode)
+        check_mode(mode)
         (config or RapidConfig()).replace(**(generate_kwargs or {}))
         model_args = (target, draft, tokenizer, config, device, dtype)
         if engine is not None and any(arg is not None for arg in model_args):
@@ -284,13 +285,6 @@ def _engine_factory(
         return RapidEngine(target, draft, tokenizer, config, device=device, dtype=dtype)
 
     return build
-
-
-def _check_mode(mode: str) -> None:
-    from rapid_integrations.engine import MODES
-
-    if mode not in MODES:
-        raise RapidConfigError("mode", f"must be one of {MODES}, got {mode!r}")
 
 
 def _has_chat_template(engine: RapidEngine) -> bool:

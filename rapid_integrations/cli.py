@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .config import RapidConfig
+from .config import MODES, RapidConfig
 from .errors import (
     ContextWindowExceededError,
     ModelNotFoundError,
@@ -145,7 +145,7 @@ def _generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mode",
         default="rapid",
-        choices=("rapid", "sd", "lc", "rag"),
+        choices=MODES,
         help="rapid (default), sd, lc (target alone) or rag (draft on retrieved text)",
     )
     p.add_argument("--eta", type=float, help=f"transfer strength (default {RapidConfig.eta})")

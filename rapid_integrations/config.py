@@ -15,6 +15,13 @@ Residual = Literal["paper", "exact"]
 TailGuard = Literal["paper", "draft", "none"]
 Truncation = Literal["error", "head_tail"]
 RetrievalFallback = Literal["builtin", "lc", "raise"]
+MODES = ("rapid", "sd", "lc", "rag")
+
+
+def check_mode(mode: object) -> None:
+    """Raise `RapidConfigError` unless `mode` is one of `MODES`."""
+    if mode not in MODES:
+        raise RapidConfigError("mode", f"must be one of {MODES}, got {mode!r}")
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,11 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .attention import use_rapid_attention
-from .config import RapidConfig
+from .config import RapidConfig, check_mode
 from .drafting import ModelProposer, Proposer
 from .errors import (
     ContextWindowExceededError,
     DeviceOutOfMemoryError,
-    RapidConfigError,
     RapidInputError,
     VocabularyMismatchError,
 )
@@ -39,7 +38,6 @@ from .prefix_cache import PrefixCache
 from .tokens import Detokenizer, Prompt, encode_prompt, is_chat, stop_token_ids
 from .verify import verdict
 
-MODES = ("rapid", "sd", "lc", "rag")
 # How the CPU allocator words running out (a plain RuntimeError, unlike CUDA's OutOfMemoryError).
 _OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "not enough memory")
 
@@ -276,8 +274,7 @@ class RapidEngine:
         self, prompt: Prompt, draft_prompt: Prompt | None, mode: str, overrides: dict[str, Any]
     ) -> tuple[_Plan, RapidStats]:
         """Validate the call, encode both prompts, and choose who decodes what."""
-        if mode not in MODES:
-            raise RapidConfigError("mode", f"must be one of {MODES}, got {mode!r}")
+        check_mode(mode)
         retriever = overrides.pop("retriever", self.retriever)
         query = overrides.pop("query", None)
         cfg = self.config.replace(**overrides)
