@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from importlib import resources
 
+from .cli import format_stats
 from .engine import RapidEngine
 from .outputs import RapidOutput
 
@@ -31,14 +32,8 @@ def demo_messages(document: str, question: str = QUESTION) -> list[dict[str, str
 
 
 def _report(label: str, out: RapidOutput) -> None:
-    s = out.stats
     verdict = "correct" if ANSWER_KEYWORD in out.text.lower() else "wrong"
-    print(f"\n== {label} ({verdict})\n{out.text.strip()}")
-    print(
-        f"   target context {s.target_context_tokens} tokens, draft context {s.draft_context_tokens}"
-        f" | acceptance {s.acceptance_rate:.2f} | prefill {s.prefill_seconds:.1f} s"
-        f" | decode {s.decode_tokens_per_second:.1f} tokens/s ({s.new_tokens} tokens)"
-    )
+    print(f"\n== {label} ({verdict})\n{out.text.strip()}\n   {format_stats(out)}")
 
 
 def main(argv: list[str] | None = None) -> int:
