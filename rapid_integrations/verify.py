@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .config import RapidConfig
-from .sampling import accepted_count, end_guard, log_probs, p_hat, residual
+from .sampling import accepted_count, check_finite, end_guard, log_probs, p_hat, residual
 
 
 def verdict(
@@ -46,13 +46,15 @@ def _greedy(
 ) -> tuple[int, torch.Tensor]:
     # DESIGN.md 2.5: accept iff x_i == argmax p_hat_i (T = 1 softmaxes); emit argmax p_hat on
     # rejection; the bonus position has no q, so p_hat = p there.
-    logp = log_probs(z, 0.0, 1.0)
     # argmax p is argmax z; taken on z, logits closer than log_softmax's rounding stay apart,
     # so eta = 0 picks exactly the target's own greedy token.
+    check_finite(z)
     y = z.argmax(-1)
     gamma = x.numel()
     if q is not None and gamma:
-        y[:gamma] = _augmented(logp[:gamma], q, cfg, end_ids).argmax(-1)
+        # The full-vocabulary softmax is needed only when p_hat differs from p.
+        logp = log_probs(z[:gamma], 0.0, 1.0)
+        y[:gamma] = _augmented(logp, q, cfg, end_ids).argmax(-1)
     mismatch = (y[:gamma] != x).int()
     n = int(mismatch.argmax()) if bool(mismatch.any()) else gamma
     return n, y[n : n + 1]
