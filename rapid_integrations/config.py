@@ -28,7 +28,7 @@ def check_mode(mode: object) -> None:
 class RapidConfig:
     """Decoding and retrieval settings. Every field can be overridden per call.
 
-    Algorithm fields follow DESIGN.md section 2 (paper notation):
+    Algorithm fields follow docs/algorithm.md section 2 (paper notation):
       eta         transfer strength of p_hat = softmax(z/T + eta (q - p)); 0 gives plain
                   speculative decoding, whose output follows the target exactly.
       gamma       draft tokens proposed per target verify pass.

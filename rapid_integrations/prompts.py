@@ -1,7 +1,7 @@
 """The draft prompt: the target's prompt with its long context C replaced by retrieved C^S.
 
 `build_draft_prompt` is the public entry; the engine calls `prepare_draft_prompt`, which also
-reports how C^S was obtained. Rules (DESIGN.md sections 2-3):
+reports how C^S was obtained. Rules (docs/algorithm.md section 1; docs/retrieval.md):
 
 * string prompts keep the instruction head and the question tail verbatim and replace the
   middle by retrieved passages (`retrieval.splitting` finds the cuts); chat prompts keep the

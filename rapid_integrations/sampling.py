@@ -34,7 +34,7 @@ def check_finite(logits: torch.Tensor, source: str = "the model") -> None:
 def log_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """[k, V] logits -> [k, V] log-probabilities at temperature T with nucleus filtering.
 
-    Temperature 0 (greedy) uses T = 1, as DESIGN.md 2.5 prescribes for p_hat. Filtered tokens
+    Temperature 0 (greedy) uses T = 1, as docs/algorithm.md section 3 prescribes for p_hat. Filtered tokens
     get -inf. Computed in at least fp32 whatever the model's dtype.
     """
     z = logits.to(torch.promote_types(logits.dtype, torch.float32))
@@ -64,7 +64,7 @@ def p_hat(
     """Retrieval-augmented target p_hat = softmax(log p + eta * (q - p)), shape [k, V].
 
     `logp` are the target's log-probabilities (softmax(z/T) differs from z/T by a constant per
-    row, so this is softmax(z/T + eta (q - p))). Tail guards (DESIGN.md 2.1):
+    row, so this is softmax(z/T + eta (q - p))). Tail guards (docs/algorithm.md section 2.3):
       "paper": where p_hat(v) < tail_ratio * max p_hat, use p(v) instead; renormalize.
       "draft": apply the shift only where q(v) >= tail_ratio * max q (the authors' code).
       "none":  no guard.
@@ -89,7 +89,7 @@ def end_guard(p_hat_rows: torch.Tensor, p: torch.Tensor, end_ids: torch.Tensor) 
 
     Not in the paper: a draft reading a short context often does not see that the answer is
     complete and, with eta > 0, would talk the target out of stopping (measured: answers that
-    repeat until max_new_tokens). The law of section 2.6 holds with this p_hat.
+    repeat until max_new_tokens). The law of docs/algorithm.md section 4 holds with this p_hat.
     """
     ends = torch.isin(p.argmax(dim=-1), end_ids)
     return torch.where(ends[:, None], p, p_hat_rows)
@@ -127,7 +127,7 @@ def residual(
 def one_step_law(
     p: torch.Tensor, p_hat_n: torch.Tensor, q: torch.Tensor, rule: str = "paper"
 ) -> torch.Tensor:
-    """The analytic law of one emitted token (DESIGN.md 2.6), shape [V].
+    """The analytic law of one emitted token (docs/algorithm.md section 4), shape [V].
 
     P(x) = min(q(x), p_hat(x)) + (1 - sum_y min(q(y), p_hat(y))) * r(x).
     """

@@ -44,7 +44,7 @@ def _greedy(
     cfg: RapidConfig,
     end_ids: torch.Tensor | None,
 ) -> tuple[int, torch.Tensor]:
-    # DESIGN.md 2.5: accept iff x_i == argmax p_hat_i (T = 1 softmaxes); emit argmax p_hat on
+    # docs/algorithm.md section 3: accept iff x_i == argmax p_hat_i (T = 1 softmaxes); emit argmax p_hat on
     # rejection; the bonus position has no q, so p_hat = p there.
     # argmax p is argmax z; taken on z, logits closer than log_softmax's rounding stay apart,
     # so eta = 0 picks exactly the target's own greedy token.

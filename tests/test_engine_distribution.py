@@ -1,4 +1,4 @@
-"""DESIGN.md 2.6 on the whole engine: emitted tokens against their analytic laws.
+"""docs/algorithm.md section 4 on the whole engine: emitted tokens against their analytic laws.
 
 The vocabulary (26 tokens) is small enough to enumerate, so the law of the first emitted token
 is computed exactly from no-cache forward passes and compared by a chi-square test to the

@@ -1,4 +1,4 @@
-"""DESIGN.md 2.6 on tiny random models: eta = 0 greedy is the target's own greedy decoding."""
+"""docs/algorithm.md section 4 on tiny random models: eta = 0 greedy is the target's own greedy decoding."""
 
 from __future__ import annotations
 

@@ -189,7 +189,7 @@ def test_verdict_emits_a_token_of_the_targets_nucleus(
     end_ids = torch.tensor([0]) if end else None
     n, token = verdict(z, x, q, cfg, torch.Generator().manual_seed(seed), end_ids)
     assert 0 <= n <= gamma and token.shape == (1,)
-    # Greedy decoding reads the T = 1 softmax without top_p (DESIGN.md 2.5): its nucleus is
+    # Greedy decoding reads the T = 1 softmax without top_p (docs/algorithm.md section 3): its nucleus is
     # every token, and with eta = 0 it emits the argmax.
     logp = log_probs(z, cfg.temperature, 1.0 if cfg.greedy else cfg.top_p)
     emitted = [*x[:n].tolist(), int(token)]

@@ -29,7 +29,7 @@ def dists(seed: int, sharp: float = 2.0) -> tuple[torch.Tensor, torch.Tensor, to
 def np_p_hat(
     z: np.ndarray, q: np.ndarray, eta: float, guard: str, ratio: float = 0.1
 ) -> np.ndarray:
-    """DESIGN.md 2.1 written directly in numpy."""
+    """docs/algorithm.md section 2.3 written directly in numpy."""
     p = np.exp(z - z.max())
     p /= p.sum()
     shift = eta * (q - p)
@@ -85,7 +85,7 @@ def test_residuals_and_zero_mass_fallback():
 
 
 def test_exact_residual_law_is_p_hat():
-    """Under residual='exact' the one-step law collapses to p_hat (DESIGN.md 2.3)."""
+    """Under residual='exact' the one-step law collapses to p_hat (docs/algorithm.md section 4)."""
     for seed in range(10):
         _, logp, q = dists(seed)
         ph = p_hat(logp[None], q[None], 4.0)[0]
