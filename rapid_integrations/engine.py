@@ -140,6 +140,13 @@ class RapidEngine:
             draft_model_kwargs=draft_model_kwargs,
             tokenizer_kwargs=tokenizer_kwargs,
         )
+        if tokenizer_kwargs and not (
+            tokenizer is None
+            or any(isinstance(t, (str, os.PathLike)) for t in (tokenizer, draft_tokenizer))
+        ):
+            raise RapidConfigError(
+                "tokenizer_kwargs", "apply when a tokenizer is loaded, not to tokenizer objects"
+            )
         tokenizer = load_tokenizer(tokenizer, tokenizer_kwargs)
         draft_tokenizer = load_tokenizer(draft_tokenizer, tokenizer_kwargs, "draft_tokenizer")
 
