@@ -49,6 +49,7 @@ from .verify import verdict
 
 _DRAFT_OPTIONS = ("draft_device", "draft_precision", "draft_model_kwargs")
 """Constructor arguments `from_default` passes through beside the `RapidConfig` fields."""
+
 # How the CPU allocator words running out (a plain RuntimeError, unlike CUDA's OutOfMemoryError).
 _OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "not enough memory")
 
