@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 
 from rapid_integrations import RapidEngine
@@ -32,17 +31,6 @@ def save_tiny_model(folder: Path) -> Path:
     tiny_llama(len(tok), seed=1, window=1024, dtype=torch.float32).save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
-
-
-@pytest.fixture(scope="session")
-def reference(tiny_model_dir: Path) -> RapidEngine:
-    """The in-process engine the server's answers are compared with."""
-    return RapidEngine(str(tiny_model_dir), dtype=DTYPE, device="cpu")
 
 
 class LiveServer:

@@ -75,9 +75,7 @@ def start(
     """Start Serve's HTTP proxy on host:port and deploy the app (Ray must be initialised);
     returns once every replica is up."""
     serve.start(http_options={"host": host, "port": port})
-    serve.run(
-        rapid_deployment(settings, replicas, cpus, gpus), name=APP_NAME, route_prefix="/"
-    )
+    serve.run(rapid_deployment(settings, replicas, cpus, gpus), name=APP_NAME, route_prefix="/")
 
 
 def serve_on_ray(settings: ServeSettings, args: argparse.Namespace) -> int:
