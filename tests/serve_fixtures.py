@@ -36,14 +36,16 @@ def save_tiny_model(folder: Path) -> Path:
 class LiveServer:
     """uvicorn serving `app` on a free loopback port, in a thread."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, shutdown_timeout: float = 5) -> None:
         import uvicorn
 
         self.app = app
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            app, log_level="warning", timeout_graceful_shutdown=shutdown_timeout
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
@@ -73,11 +75,13 @@ class LiveServer:
 
 
 @contextmanager
-def live_server(tiny_model_dir: Path, **settings: Any) -> Iterator[LiveServer]:
+def live_server(
+    tiny_model_dir: Path, shutdown_timeout: float = 5, **settings: Any
+) -> Iterator[LiveServer]:
     """A server over a fresh engine loaded from `tiny_model_dir`."""
     engine = RapidEngine(str(tiny_model_dir), dtype=DTYPE, device="cpu")
     app = create_app(engine, ServeSettings(served_model_name=MODEL, **settings))
-    with LiveServer(app) as server:
+    with LiveServer(app, shutdown_timeout) as server:
         yield server
 
 
