@@ -34,6 +34,16 @@ def draft(tok):
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A saved tiny Llama (float64, 512-token window; the `target` fixture's weights) with its
+    character tokenizer, for loading from a folder."""
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tiny_llama(len(char_tokenizer()), seed=1).save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def smol():
     """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, fp32."""
     from rapid_integrations.models import load_default
