@@ -80,7 +80,7 @@ def live_server(
 ) -> Iterator[LiveServer]:
     """A server over a fresh engine loaded from `tiny_model_dir`."""
     engine = RapidEngine(str(tiny_model_dir), dtype=DTYPE, device="cpu")
-    app = create_app(engine, ServeSettings(served_model_name=MODEL, **settings))
+    app = create_app(engine, ServeSettings(**{"served_model_name": MODEL, **settings}))
     with LiveServer(app, shutdown_timeout) as server:
         yield server
 
