@@ -60,7 +60,7 @@ def smol_engine(smol):
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
+def served_model_dir(tmp_path_factory):
     """A tiny random Llama and its character tokenizer saved as a model folder (serve tests)."""
     from tests.serve_fixtures import save_tiny_model
 
@@ -68,9 +68,9 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def reference(tiny_model_dir):
-    """An in-process engine over `tiny_model_dir`: what the served answers must equal."""
+def reference(served_model_dir):
+    """An in-process engine over `served_model_dir`: what the served answers must equal."""
     from rapid_integrations import RapidEngine
     from tests.serve_fixtures import DTYPE
 
-    return RapidEngine(str(tiny_model_dir), dtype=DTYPE, device="cpu")
+    return RapidEngine(str(served_model_dir), dtype=DTYPE, device="cpu")
