@@ -57,3 +57,20 @@ def smol_engine(smol):
 
     model, tokenizer = smol
     return RapidEngine(model, tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="session")
+def served_model_dir(tmp_path_factory):
+    """A tiny random Llama and its character tokenizer saved as a model folder (serve tests)."""
+    from tests.serve_fixtures import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def reference(served_model_dir):
+    """An in-process engine over `served_model_dir`: what the served answers must equal."""
+    from rapid_integrations import RapidEngine
+    from tests.serve_fixtures import DTYPE
+
+    return RapidEngine(str(served_model_dir), dtype=DTYPE, device="cpu")
