@@ -31,7 +31,7 @@ from .errors import (
     RapidInputError,
     VocabularyMismatchError,
 )
-from .kv import KVState
+from .kv import KVState, check_cache_layout
 from .models import load_default, load_model, lower_precision_copy
 from .outputs import FinishReason, RapidOutput, RapidStats, RapidStream
 from .prefix_cache import PrefixCache
@@ -117,6 +117,8 @@ class RapidEngine:
             self.draft, draft_tok = load_model(draft, device=draft_device or device, dtype=dtype)
         if draft_precision is not None:
             self.draft = lower_precision_copy(self.draft, draft_precision)
+        check_cache_layout(self.target, "target")
+        check_cache_layout(self.draft, "draft")
         for model in {id(m): m for m in (self.target, self.draft)}.values():
             use_rapid_attention(model)
         self.vocab_size = _shared_vocab(
