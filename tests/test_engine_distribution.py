@@ -25,15 +25,7 @@ PROMPT, DRAFT_PROMPT = "kab", "ab"
 # to tell apart.
 FAR_PROMPT, FAR_DRAFT_PROMPT, FAR_ETA = "cab d", "d", 8.0
 N = 1200
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: a thread pool only adds synchronization (much slower on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def first_tokens(
@@ -108,21 +100,27 @@ def oracle_law(target, draft, tok, prefix: list[int], rules: oracle.Rules) -> np
     return oracle.one_token_law(p, q, rules), p
 
 
+def far_tokens(engine: RapidEngine, position: int = 0, **overrides) -> np.ndarray:
+    """Counts of the token at `position` on the far prompt, gamma 3, eta FAR_ETA."""
+    prompts = (FAR_PROMPT, FAR_DRAFT_PROMPT)
+    return first_tokens(
+        engine,
+        position=position,
+        prompts=prompts,
+        gamma=3,
+        max_new_tokens=4,
+        eta=FAR_ETA,
+        **overrides,
+    )
+
+
 @pytest.mark.parametrize("rule", ["paper", "exact"])
 @pytest.mark.parametrize("guard", ["paper", "draft"])
 def test_eta_positive_first_token_follows_the_oracle(engine, target, draft, tok, rule, guard):
     rules = oracle.Rules(FAR_ETA, residual=rule, tail_guard=guard)
     law, p = oracle_law(target, draft, tok, [], rules)
     assert oracle.total_variation(law[None], p[None])[0] > 0.2  # far from p: a real test
-    counts = first_tokens(
-        engine,
-        prompts=(FAR_PROMPT, FAR_DRAFT_PROMPT),
-        gamma=3,
-        max_new_tokens=4,
-        eta=FAR_ETA,
-        residual=rule,
-        tail_guard=guard,
-    )
+    counts = far_tokens(engine, residual=rule, tail_guard=guard)
     assert_follows(counts, law)
 
 
@@ -137,14 +135,7 @@ def test_eta_positive_second_token_follows_the_oracle(engine, target, draft, tok
         for a in range(len(tok))
         if first[a] > 0
     )
-    counts = first_tokens(
-        engine,
-        position=1,
-        prompts=(FAR_PROMPT, FAR_DRAFT_PROMPT),
-        gamma=3,
-        max_new_tokens=4,
-        eta=FAR_ETA,
-    )
+    counts = far_tokens(engine, position=1)
     assert_follows(counts, law)
 
 
@@ -152,15 +143,7 @@ def test_eta_positive_at_temperature_and_top_p_follows_the_oracle(engine, target
     rules = oracle.Rules(FAR_ETA, temperature=1.3, top_p=0.8)
     law, p = oracle_law(target, draft, tok, [], rules)
     assert 2 <= (p > 0).sum() < len(p) and oracle.total_variation(law[None], p[None])[0] > 0.2
-    counts = first_tokens(
-        engine,
-        prompts=(FAR_PROMPT, FAR_DRAFT_PROMPT),
-        gamma=3,
-        max_new_tokens=4,
-        eta=FAR_ETA,
-        temperature=1.3,
-        top_p=0.8,
-    )
+    counts = far_tokens(engine, temperature=1.3, top_p=0.8)
     assert counts[p == 0].sum() == 0  # nothing outside the target's nucleus
     assert_follows(counts, law)
 

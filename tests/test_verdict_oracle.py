@@ -21,6 +21,7 @@ from rapid_integrations.verify import verdict
 from tests import oracle
 
 V, GAMMA, DRAWS = 10, 4, 2500
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def synthetic(seed: int, top_p: float = 1.0, temperature: float = 1.0):
@@ -50,15 +51,6 @@ def far_steps(rules: oracle.Rules, count: int = 3):
     return steps
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: a thread pool only adds synchronization (30x slower on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def run_verdicts(z, x, q, cfg: RapidConfig, end_ids=(), draws: int = DRAWS) -> np.ndarray:
     """Counts [gamma + 1, V] of (n, token) over `draws` verdicts with a seeded generator."""
     gen = torch.Generator().manual_seed(1234)
@@ -69,6 +61,14 @@ def run_verdicts(z, x, q, cfg: RapidConfig, end_ids=(), draws: int = DRAWS) -> n
         n, token = verdict(zt, xt, qt, cfg, gen, ends)
         counts[n, int(token)] += 1
     return counts
+
+
+def greedy_verdict(z, x, q, cfg: RapidConfig, end_ids=()) -> tuple[int, int]:
+    """(n, token) of one greedy verdict."""
+    ends = torch.tensor(end_ids, dtype=torch.long) if end_ids else None
+    t = torch.from_numpy
+    n, token = verdict(t(z), t(x), t(q), cfg, torch.Generator(), ends)
+    return n, int(token)
 
 
 def assert_law(counts: np.ndarray, law: np.ndarray) -> None:
@@ -169,14 +169,7 @@ def test_greedy_verdict_accepts_argmax_p_hat_and_emits_it(guard):
             want = oracle.greedy_step(z, x, q, rules)
             assert want[0] == n
             cfg = RapidConfig(eta=eta, temperature=0.0, tail_guard=guard)
-            got_n, got = verdict(
-                torch.from_numpy(z),
-                torch.from_numpy(x),
-                torch.from_numpy(q),
-                cfg,
-                torch.Generator(),
-            )
-            assert (got_n, int(got)) == want, (seed, n)
+            assert greedy_verdict(z, x, q, cfg) == want, (seed, n)
     assert differs > 40  # argmax p_hat is often not argmax p: the test tells them apart
 
 
@@ -190,12 +183,4 @@ def test_greedy_end_guard_keeps_the_targets_choice():
         want = oracle.greedy_step(z, x, q, rules)
         assert want == (0, int(z[0].argmax()))
         cfg = RapidConfig(eta=eta, temperature=0.0)
-        got_n, got = verdict(
-            torch.from_numpy(z),
-            torch.from_numpy(x),
-            torch.from_numpy(q),
-            cfg,
-            torch.Generator(),
-            torch.tensor(ends),
-        )
-        assert (got_n, int(got)) == want
+        assert greedy_verdict(z, x, q, cfg, ends) == want
