@@ -33,7 +33,7 @@ from .errors import (
     RapidInputError,
     VocabularyMismatchError,
 )
-from .kv import KVState
+from .kv import KVState, check_cache_layout
 from .models import (
     LoadOptions,
     config_window,
@@ -161,6 +161,8 @@ class RapidEngine:
             self.draft, draft_tok = load_model(draft, draft_options)
         if draft_precision is not None:
             self.draft = lower_precision_copy(self.draft, draft_precision)
+        check_cache_layout(self.target, "target")
+        check_cache_layout(self.draft, "draft")
         for model in {id(m): m for m in (self.target, self.draft)}.values():
             use_rapid_attention(model)
         self.vocab_size = _shared_vocab(

@@ -9,6 +9,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
+import torch
 from hypothesis import settings
 
 from tests.tiny import char_tokenizer, tiny_llama
@@ -16,6 +17,16 @@ from tests.tiny import char_tokenizer, tiny_llama
 # The same examples on every run: a property test may not pass or fail by luck in CI.
 settings.register_profile("deterministic", derandomize=True, deadline=None)
 settings.load_profile("deterministic")
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models and tensors: a thread pool only adds synchronization (30 times slower on a
+    busy machine). Used by the statistical tests, which make thousands of small calls."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
