@@ -49,6 +49,7 @@ from .verify import verdict
 
 _DRAFT_OPTIONS = ("draft_device", "draft_precision", "draft_model_kwargs")
 """Constructor arguments `from_default` passes through beside the `RapidConfig` fields."""
+
 # How the CPU allocator words running out (a plain RuntimeError, unlike CUDA's OutOfMemoryError).
 _OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "not enough memory")
 
@@ -140,6 +141,13 @@ class RapidEngine:
             draft_model_kwargs=draft_model_kwargs,
             tokenizer_kwargs=tokenizer_kwargs,
         )
+        if tokenizer_kwargs and not (
+            tokenizer is None
+            or any(isinstance(t, (str, os.PathLike)) for t in (tokenizer, draft_tokenizer))
+        ):
+            raise RapidConfigError(
+                "tokenizer_kwargs", "apply when a tokenizer is loaded, not to tokenizer objects"
+            )
         tokenizer = load_tokenizer(tokenizer, tokenizer_kwargs)
         draft_tokenizer = load_tokenizer(draft_tokenizer, tokenizer_kwargs, "draft_tokenizer")
 

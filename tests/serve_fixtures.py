@@ -76,10 +76,10 @@ class LiveServer:
 
 @contextmanager
 def live_server(
-    tiny_model_dir: Path, shutdown_timeout: float = 5, **settings: Any
+    served_model_dir: Path, shutdown_timeout: float = 5, **settings: Any
 ) -> Iterator[LiveServer]:
-    """A server over a fresh engine loaded from `tiny_model_dir`."""
-    engine = RapidEngine(str(tiny_model_dir), dtype=DTYPE, device="cpu")
+    """A server over a fresh engine loaded from `served_model_dir`."""
+    engine = RapidEngine(str(served_model_dir), dtype=DTYPE, device="cpu")
     app = create_app(engine, ServeSettings(**{"served_model_name": MODEL, **settings}))
     with LiveServer(app, shutdown_timeout) as server:
         yield server

@@ -19,15 +19,6 @@ F64 = {"dtype": torch.float64}  # the saved models' own dtype: exact against the
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    """A saved tiny Llama (float64) with its character tokenizer."""
-    path = tmp_path_factory.mktemp("tiny-target")
-    tiny_llama(len(char_tokenizer()), seed=1).save_pretrained(path)
-    char_tokenizer().save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def draft_folder(tmp_path_factory):
     """A saved one-layer draft, without a tokenizer (as draft folders often are)."""
     path = tmp_path_factory.mktemp("tiny-draft")
@@ -54,9 +45,9 @@ def greedy(engine: RapidEngine, mode: str = "rapid", **overrides) -> list[int]:
 # ---- model_kwargs reach from_pretrained ------------------------------------------------------
 
 
-def test_device_map_cpu_loads_in_place_and_decodes_exactly(folder, draft_folder, expected):
+def test_device_map_cpu_loads_in_place_and_decodes_exactly(tiny_model_dir, draft_folder, expected):
     engine = RapidEngine(
-        str(folder),
+        str(tiny_model_dir),
         str(draft_folder),
         model_kwargs={"device_map": "cpu", **F64},
         draft_model_kwargs={"device_map": "cpu", "torch_dtype": torch.float64},
@@ -67,16 +58,16 @@ def test_device_map_cpu_loads_in_place_and_decodes_exactly(folder, draft_folder,
     assert greedy(engine, "sd") == greedy(engine, "lc") == expected
 
 
-def test_attn_implementation_eager_is_used_and_agrees_with_sdpa(folder, expected):
-    eager = RapidEngine(folder, model_kwargs={"attn_implementation": "eager", **F64})
+def test_attn_implementation_eager_is_used_and_agrees_with_sdpa(tiny_model_dir, expected):
+    eager = RapidEngine(tiny_model_dir, model_kwargs={"attn_implementation": "eager", **F64})
     assert eager.target.config._attn_implementation == "eager"  # not switched to rapid's
-    sdpa = RapidEngine(folder, model_kwargs=F64)
+    sdpa = RapidEngine(tiny_model_dir, model_kwargs=F64)
     assert sdpa.target.config._attn_implementation != "eager"
     for mode in ("lc", "sd", "rapid"):
         assert greedy(eager, mode) == greedy(sdpa, mode) == expected
 
 
-def test_from_pretrained_receives_every_model_kwarg(folder, monkeypatch):
+def test_from_pretrained_receives_every_model_kwarg(tiny_model_dir, monkeypatch):
     seen = {}
     real = AutoModelForCausalLM.from_pretrained
 
@@ -86,22 +77,26 @@ def test_from_pretrained_receives_every_model_kwarg(folder, monkeypatch):
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
     given = {"revision": "main", "trust_remote_code": False, "attn_implementation": "eager"}
-    RapidEngine(folder, model_kwargs=given, dtype="float32")
+    RapidEngine(tiny_model_dir, model_kwargs=given, dtype="float32")
     assert seen == {**given, "dtype": torch.float32}
 
 
 # ---- tokenizers given as paths ---------------------------------------------------------------
 
 
-def test_tokenizer_given_as_a_path_is_loaded_with_tokenizer_kwargs(folder, expected):
+def test_tokenizer_given_as_a_path_is_loaded_with_tokenizer_kwargs(tiny_model_dir, expected):
     model = tiny_llama(len(char_tokenizer()), seed=1)
-    engine = RapidEngine(model, tokenizer=str(folder), tokenizer_kwargs={"model_max_length": 77})
+    engine = RapidEngine(
+        model, tokenizer=str(tiny_model_dir), tokenizer_kwargs={"model_max_length": 77}
+    )
     assert engine.tokenizer.model_max_length == 77
     assert greedy(engine, "lc") == expected
-    saved = RapidEngine(folder, model_kwargs=F64, tokenizer_kwargs={"model_max_length": 55})
-    assert saved.tokenizer.model_max_length == 55  # the folder's own tokenizer, same kwargs
+    saved = RapidEngine(tiny_model_dir, model_kwargs=F64, tokenizer_kwargs={"model_max_length": 55})
+    assert saved.tokenizer.model_max_length == 55  # the tiny_model_dir's own tokenizer, same kwargs
     with pytest.raises(ModelNotFoundError, match="tokenizer"):
-        RapidEngine(model, tokenizer=str(folder / "missing"))
+        RapidEngine(model, tokenizer=str(tiny_model_dir / "missing"))
+    with pytest.raises(RapidConfigError, match="tokenizer_kwargs"):  # nothing to apply them to
+        RapidEngine(model, tokenizer=char_tokenizer(), tokenizer_kwargs={"model_max_length": 9})
 
 
 # ---- models that place themselves are never moved --------------------------------------------
@@ -123,12 +118,14 @@ def quantized_stand_in() -> QuantizedStandIn:
     return model
 
 
-def test_a_quantized_model_is_never_moved(folder, expected, monkeypatch):
+def test_a_quantized_model_is_never_moved(tiny_model_dir, expected, monkeypatch):
     assert places_itself(quantized_stand_in()) and not places_itself(tiny_llama(20, seed=1))
     monkeypatch.setattr(
         AutoModelForCausalLM, "from_pretrained", lambda *a, **k: quantized_stand_in()
     )
-    loaded = RapidEngine(folder, model_kwargs={"quantization_config": {"load_in_8bit": True}})
+    loaded = RapidEngine(
+        tiny_model_dir, model_kwargs={"quantization_config": {"load_in_8bit": True}}
+    )
     given = RapidEngine(quantized_stand_in(), tokenizer=char_tokenizer())
     for engine in (loaded, given):
         assert greedy(engine, "sd") == expected
@@ -136,7 +133,7 @@ def test_a_quantized_model_is_never_moved(folder, expected, monkeypatch):
         RapidEngine(quantized_stand_in(), tokenizer=char_tokenizer(), draft_precision="bfloat16")
 
 
-def test_a_device_mapped_model_is_never_moved(folder, expected, monkeypatch):
+def test_a_device_mapped_model_is_never_moved(tiny_model_dir, expected, monkeypatch):
     def dispatched(*args, **kwargs):
         model = quantized_stand_in()
         model.hf_quantizer = None
@@ -144,7 +141,7 @@ def test_a_device_mapped_model_is_never_moved(folder, expected, monkeypatch):
         return model
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", dispatched)
-    engine = RapidEngine(folder, model_kwargs={"device_map": "auto"})
+    engine = RapidEngine(tiny_model_dir, model_kwargs={"device_map": "auto"})
     assert greedy(engine, "sd") == expected
 
 
@@ -206,11 +203,11 @@ def test_from_default_checks_before_loading(nothing_loads, field, kwargs):
 # ---- the context window from the config alone ------------------------------------------------
 
 
-def test_context_window_is_read_without_loading_weights(folder, nothing_loads):
-    assert context_window_of(folder) == context_window_of(str(folder)) == WINDOW
+def test_context_window_is_read_without_loading_weights(tiny_model_dir, nothing_loads):
+    assert context_window_of(tiny_model_dir) == context_window_of(str(tiny_model_dir)) == WINDOW
     assert context_window_of(tiny_llama(20, seed=1, window=300)) == 300
     with pytest.raises(ModelNotFoundError):
-        context_window_of(folder / "missing")
+        context_window_of(tiny_model_dir / "missing")
     with pytest.raises(ModelNotFoundError):
         context_window_of("no-such-org/no-such-model")  # offline: the hub is not reached
 
@@ -232,9 +229,9 @@ def sampled(engine: RapidEngine, seed: int, **overrides) -> list[int]:
 
 @cuda
 @pytest.mark.parametrize(("device", "draft_device"), [("cuda", "cpu"), ("cpu", "cuda")])
-def test_cuda_draft_on_another_device(folder, draft_folder, expected, device, draft_device):
+def test_cuda_draft_on_another_device(tiny_model_dir, draft_folder, expected, device, draft_device):
     engine = RapidEngine(
-        str(folder),
+        str(tiny_model_dir),
         str(draft_folder),
         device=device,
         draft_device=draft_device,
@@ -249,18 +246,18 @@ def test_cuda_draft_on_another_device(folder, draft_folder, expected, device, dr
 
 
 @cuda
-def test_cuda_device_map_auto(folder, expected):
-    engine = RapidEngine(str(folder), model_kwargs={"device_map": "auto", **F64})
+def test_cuda_device_map_auto(tiny_model_dir, expected):
+    engine = RapidEngine(str(tiny_model_dir), model_kwargs={"device_map": "auto", **F64})
     assert engine.target.device.type == "cuda"
     assert greedy(engine, "sd") == expected
 
 
 @cuda
-def test_cuda_offloaded_head_runs_where_its_hook_executes(folder, expected):
+def test_cuda_offloaded_head_runs_where_its_hook_executes(tiny_model_dir, expected):
     from rapid_integrations.engine import logits_device
 
     device_map = {"model": 0, "lm_head": "cpu"}  # the head is offloaded, executed on cuda:0
-    engine = RapidEngine(str(folder), model_kwargs={"device_map": device_map, **F64})
+    engine = RapidEngine(str(tiny_model_dir), model_kwargs={"device_map": device_map, **F64})
     assert engine.target.hf_device_map == device_map
     assert logits_device(engine.target) == torch.device("cuda", 0)
     assert greedy(engine, "sd") == expected

@@ -36,8 +36,8 @@ DOCUMENT = " ".join(
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir: Path) -> Iterator[LiveServer]:
-    engine = RapidEngine(str(tiny_model_dir), dtype=DTYPE, device="cpu")
+def server(served_model_dir: Path) -> Iterator[LiveServer]:
+    engine = RapidEngine(str(served_model_dir), dtype=DTYPE, device="cpu")
     retriever = FaissContextRetriever(
         DOCUMENT, engine.tokenizer, embedder=HashingEmbedder(), budget=64
     )

@@ -39,7 +39,7 @@ def test_defaults_and_options(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_command_serves_and_exits_cleanly_on_sigterm(
-    tiny_model_dir: Path, tmp_path: Path
+    served_model_dir: Path, tmp_path: Path
 ) -> None:
     (tmp_path / "manual").mkdir()
     (tmp_path / "manual" / "a.txt").write_text("a jade cab faded by the lake. " * 30)
@@ -50,7 +50,7 @@ def test_the_command_serves_and_exits_cleanly_on_sigterm(
     argv = [
         "serve",
         "--model",
-        str(tiny_model_dir),
+        str(served_model_dir),
         "--dtype",
         DTYPE,
         "--device",

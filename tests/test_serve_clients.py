@@ -17,8 +17,8 @@ SYSTEM = "be brief."
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir: Path) -> Iterator[LiveServer]:
-    with live_server(tiny_model_dir) as live:
+def server(served_model_dir: Path) -> Iterator[LiveServer]:
+    with live_server(served_model_dir) as live:
         yield live
 
 
@@ -141,14 +141,14 @@ def test_llamaindex_openai_like_in_a_query_engine(
 
 
 def test_the_readme_serve_example_runs_as_written(
-    tiny_model_dir: Path, reference: RapidEngine
+    served_model_dir: Path, reference: RapidEngine
 ) -> None:
     """The README's "Serve" section, run as written against a live server (its URL swapped in)."""
     from tests.doc_examples import DOCS, python_sections
 
     code = dict(python_sections(DOCS.parent / "README.md"))["Serve"]
     assert 'base_url="http://127.0.0.1:8000/v1"' in code and 'model="rapid"' in code
-    with live_server(tiny_model_dir, served_model_name="rapid") as live:
+    with live_server(served_model_dir, served_model_name="rapid") as live:
         namespace: dict[str, Any] = {}
         exec(code.replace("http://127.0.0.1:8000", live.url), namespace)
         expected = reference.generate([{"role": "user", "content": "Hello!"}])

@@ -64,8 +64,8 @@ def counting_forward(calls: list[float]) -> Callable[..., Any]:
     return around
 
 
-def test_full_queue_answers_429_with_retry_after(tiny_model_dir: Path) -> None:
-    with live_server(tiny_model_dir, max_running=1, max_waiting=1) as server:
+def test_full_queue_answers_429_with_retry_after(served_model_dir: Path) -> None:
+    with live_server(served_model_dir, max_running=1, max_waiting=1) as server:
         with patched_forward(server.engine.target, slow_down(STEP_SECONDS)):
             url = server.url + "/v1/chat/completions"
             first, first_out = in_thread(lambda: httpx.post(url, json=MEDIUM, timeout=120))
@@ -89,11 +89,11 @@ def test_full_queue_answers_429_with_retry_after(tiny_model_dir: Path) -> None:
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
 def test_a_client_that_disconnects_stops_decoding_and_frees_its_caches(
-    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, stream: bool
+    served_model_dir: Path, monkeypatch: pytest.MonkeyPatch, stream: bool
 ) -> None:
     caches = track_caches(monkeypatch)
     passes: list[float] = []
-    with live_server(tiny_model_dir) as server:
+    with live_server(served_model_dir) as server:
         url = server.url + "/v1/chat/completions"
         with patched_forward(server.engine.target, counting_forward(passes)):
             if stream:
@@ -121,9 +121,9 @@ def test_a_client_that_disconnects_stops_decoding_and_frees_its_caches(
         assert httpx.post(url, json=SHORT, timeout=60).status_code == 200
 
 
-def test_requests_past_their_timeout_get_504_and_stop(tiny_model_dir: Path) -> None:
+def test_requests_past_their_timeout_get_504_and_stop(served_model_dir: Path) -> None:
     with (
-        live_server(tiny_model_dir, request_timeout=0.5) as server,
+        live_server(served_model_dir, request_timeout=0.5) as server,
         patched_forward(server.engine.target, slow_down(STEP_SECONDS)),
     ):
         r = httpx.post(server.url + "/v1/chat/completions", json=LONG, timeout=60)
@@ -139,8 +139,8 @@ def test_requests_past_their_timeout_get_504_and_stop(tiny_model_dir: Path) -> N
         assert wait_until(lambda: metric(metrics_of(server), "rapid_open_streams") == 0, 10)
 
 
-def test_api_key_guards_every_route_but_health(tiny_model_dir: Path) -> None:
-    with live_server(tiny_model_dir, api_key="sekret") as server:
+def test_api_key_guards_every_route_but_health(served_model_dir: Path) -> None:
+    with live_server(served_model_dir, api_key="sekret") as server:
         assert httpx.get(server.url + "/health").status_code == 200
         for path in ("/v1/models", "/metrics"):
             r = httpx.get(server.url + path)
@@ -159,8 +159,8 @@ def test_api_key_guards_every_route_but_health(tiny_model_dir: Path) -> None:
         )
 
 
-def test_graceful_shutdown_finishes_the_request_in_flight(tiny_model_dir: Path) -> None:
-    with live_server(tiny_model_dir, shutdown_timeout=60) as server:
+def test_graceful_shutdown_finishes_the_request_in_flight(served_model_dir: Path) -> None:
+    with live_server(served_model_dir, shutdown_timeout=60) as server:
         with patched_forward(server.engine.target, slow_down(STEP_SECONDS)):
             body = {**LONG, "max_tokens": 20}
             url = server.url + "/v1/chat/completions"

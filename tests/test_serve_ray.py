@@ -32,7 +32,7 @@ DOCUMENT = " ".join(["a jade cab faded by the lake."] * 8)
 
 
 @pytest.fixture(scope="module")
-def ray_url(tiny_model_dir: Path) -> Iterator[str]:
+def ray_url(served_model_dir: Path) -> Iterator[str]:
     from ray import serve
 
     root = str(Path(rapid_integrations.__file__).resolve().parents[1])  # the code under test
@@ -45,7 +45,7 @@ def ray_url(tiny_model_dir: Path) -> Iterator[str]:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         settings = ServeSettings(
-            model=str(tiny_model_dir), dtype=DTYPE, device="cpu", served_model_name=MODEL
+            model=str(served_model_dir), dtype=DTYPE, device="cpu", served_model_name=MODEL
         )
         ray_app.start(settings, host="127.0.0.1", port=port, replicas=2, cpus=0.5)
         yield f"http://127.0.0.1:{port}"
