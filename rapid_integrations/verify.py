@@ -68,7 +68,7 @@ def _sampled(
     gen: torch.Generator,
     end_ids: torch.Tensor | None,
 ) -> tuple[int, torch.Tensor]:
-    logp = log_probs(z, cfg.temperature, cfg.top_p)
+    logp = log_probs(z, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
     gamma = x.numel()
     n, dist = 0, logp[0].exp()
     if gamma:
