@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..demo import demo_messages
+from ..demo_data import demo_messages
 from ..retrieval.base import TokenizerLike
 from .dataset import _CITIES, RESERVE_FRACTION, RESERVE_TOKENS, _document, _pool, _subject
 
