@@ -142,7 +142,7 @@ def test_required_gives_valid_calls_and_no_text(engine, mode, temperature):
         finished += 1
         assert out.finish_reason == "tool_calls"
         assert_valid_calls(out.tool_calls)
-    assert finished >= 2
+    assert finished >= (1 if temperature else 3)  # sampled, a random model may chain calls
 
 
 @pytest.mark.parametrize(
@@ -289,7 +289,11 @@ def test_smol_required_tool_call_parses(smol_engine):
         tool_choice="required",
         max_new_tokens=60,
     )
-    assert out.finish_reason == "tool_calls", out
-    assert [c.name for c in out.tool_calls] == ["get_weather"]
-    jsonschema.validate(out.tool_calls[0].arguments, tools[0]["function"]["parameters"])
+    # "required" allows parallel calls; the 135M model may chain more than fit, and a call cut
+    # off by the limit is not parsed: every listed call is complete and valid.
+    assert out.finish_reason in ("tool_calls", "length"), out
+    assert out.tool_calls and {c.name for c in out.tool_calls} == {"get_weather"}
+    for call in out.tool_calls:
+        jsonschema.validate(call.arguments, tools[0]["function"]["parameters"])
+    assert out.text == ""
     assert out.stats.grammar_seconds > 0
