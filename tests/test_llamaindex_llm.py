@@ -123,7 +123,7 @@ def test_metadata_is_the_engines(engine: RapidEngine) -> None:
 
 def test_complete_returns_the_engine_output_and_stats(llm: RapidLLM, engine: RapidEngine) -> None:
     response = llm.complete(PROMPT)
-    expected = engine.generate(PROMPT)
+    expected = engine.generate([{"role": "user", "content": PROMPT}])  # the template's user turn
     assert response.text == expected.text
     stats = response.raw["rapid_stats"]
     assert stats == response.additional_kwargs["rapid_stats"]
@@ -167,12 +167,12 @@ def test_chat_passes_role_content_messages(
     llm: RapidLLM, engine: RapidEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[Any] = []
-    generate = engine.generate
-    monkeypatch.setattr(engine, "generate", lambda p, **kw: seen.append(p) or generate(p, **kw))
+    stream = engine.stream
+    monkeypatch.setattr(engine, "stream", lambda p, *a, **kw: seen.append(p) or stream(p, *a, **kw))
     response = llm.chat(MESSAGES)
     assert seen == [AS_DICTS]
     assert response.message.role == "assistant"
-    assert response.message.content == generate(AS_DICTS).text
+    assert response.message.content == engine.generate(AS_DICTS).text
     assert response.raw["rapid_stats"]["target_context_tokens"] == engine.count_tokens(AS_DICTS)
 
 
@@ -279,9 +279,9 @@ def test_an_explicit_query_or_query_fn_wins_over_extraction(engine: RapidEngine)
 # -- context window ---------------------------------------------------------------------------
 
 
-def test_a_prompt_beyond_the_window_raises_with_sizes(llm: RapidLLM) -> None:
+def test_a_prompt_beyond_the_window_raises_with_sizes(engine: RapidEngine) -> None:
     with pytest.raises(ContextWindowExceededError, match=r"600 tokens.*512 tokens") as err:
-        llm.complete("a" * 600)
+        RapidLLM(engine=engine, raw_completion=True).complete("a" * 600)
     assert (err.value.prompt_tokens, err.value.context_window) == (600, 512)
 
 
