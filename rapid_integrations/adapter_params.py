@@ -240,7 +240,8 @@ class LoadSpec:
             )
 
     def engine_kwargs(self) -> dict[str, Any]:
-        """`RapidEngine` keyword arguments, the options left unset omitted."""
+        """`RapidEngine` keyword arguments, the options left unset omitted (a tokenizer given by
+        name or with options is loaded by `build`, so the engine gets the object)."""
         given = {
             "device": self.device,
             "draft_device": self.draft_device,
@@ -248,7 +249,6 @@ class LoadSpec:
             "draft_precision": self.draft_precision,
             "model_kwargs": dict(self.model_kwargs) or None,
             "draft_model_kwargs": dict(self.draft_model_kwargs) or None,
-            "tokenizer_kwargs": dict(self.tokenizer_kwargs) or None,
         }
         return {k: v for k, v in given.items() if v is not None}
 
@@ -258,7 +258,10 @@ class LoadSpec:
         from .models import ensure_default_model
 
         model = ensure_default_model() if self.model is None else self.model
-        return RapidEngine(model, self.draft_model, self.tokenizer, **self.engine_kwargs())
+        tokenizer = self.tokenizer
+        if isinstance(tokenizer, (str, os.PathLike)) or self.tokenizer_kwargs:
+            tokenizer = self.load_tokenizer()  # by name, or with options: loaded here
+        return RapidEngine(model, self.draft_model, tokenizer, **self.engine_kwargs())
 
     @property
     def label(self) -> str:

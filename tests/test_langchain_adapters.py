@@ -40,6 +40,7 @@ from rapid_integrations import (
     RapidError,
     RapidInputError,
 )
+from tests.test_cli import tiny_model_dir  # noqa: F401 (a fixture)
 
 PROMPT = "abc def"
 MESSAGES = [{"role": "user", "content": PROMPT}]
@@ -151,6 +152,42 @@ def test_rapid_kwargs_still_works_with_a_deprecation_warning(tiny_engine: RapidE
         chat = ChatRapid(engine=tiny_engine, max_tokens=40, rapid_kwargs={"ignore_eos": True})
     assert chat.rapid_config == {"ignore_eos": True}
     assert chat.invoke(PROMPT).content == tiny_engine.generate(MESSAGES, **LONG).text
+
+
+def test_tokens_are_counted_with_the_models_tokenizer_without_weights(
+    monkeypatch: pytest.MonkeyPatch,
+    tiny_model_dir: Any,  # noqa: F811 (the fixture imported above)
+    tok: PreTrainedTokenizerBase,
+    tiny_engine: RapidEngine,
+) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("weights were loaded")
+
+    monkeypatch.setattr("rapid_integrations.engine.load_model", refuse)
+    chat = ChatRapid(model=str(tiny_model_dir))
+    assert chat.profile is not None and chat.profile["max_input_tokens"] == 512
+    assert chat.get_token_ids("abc def") == tok.encode("abc def", add_special_tokens=False)
+    assert chat.get_num_tokens("abc def") == 7  # one token per character, not GPT-2's 2
+    messages = [SystemMessage("ab"), HumanMessage("cd")]
+    as_dicts = [{"role": "system", "content": "ab"}, {"role": "user", "content": "cd"}]
+    assert chat.get_num_tokens_from_messages(messages) == tiny_engine.count_tokens(as_dicts)
+    assert RapidLLM(model=str(tiny_model_dir)).get_num_tokens("abc") == 3
+
+
+def test_cache_key_holds_the_retriever_and_the_draft_settings(tiny_engine: RapidEngine) -> None:
+    first, second = FixedRetriever(documents=[]), FixedRetriever(documents=[])
+    key = ChatRapid(engine=tiny_engine, retriever=first)._identifying_params
+    assert key == ChatRapid(engine=tiny_engine, retriever=first)._identifying_params
+    assert key != ChatRapid(engine=tiny_engine, retriever=second)._identifying_params
+    assert key != ChatRapid(engine=tiny_engine)._identifying_params
+    loaded = ChatRapid(model="m", draft_model="d")._identifying_params
+    assert loaded["draft_model"] == "d"
+    assert (
+        loaded != ChatRapid(model="m", draft_model="d", draft_precision="int8")._identifying_params
+    )
+    assert loaded != ChatRapid(model="m", draft_model="e")._identifying_params
+    quantized = ChatRapid(model="m", model_kwargs={"load_in_8bit": True})._identifying_params
+    assert loaded != quantized
 
 
 # ---- ChatRapid --------------------------------------------------------------------------------
