@@ -77,8 +77,6 @@ _LOADING_FIELDS = (
     "draft_model_kwargs",
     "tokenizer_kwargs",
 )
-# from_pretrained options that name where and which model files are, for the tokenizer too.
-_TOKENIZER_SHARED = ("revision", "trust_remote_code", "token", "cache_dir", "local_files_only")
 # HuggingFacePipeline.from_model_id's `device`: an accelerator index, -1 for the CPU.
 _CPU_INDEX = -1
 
@@ -269,9 +267,6 @@ class RapidParams(BaseModel):
             **fields.get("rapid_config", {}),
             **kwargs.pop("rapid_config", {}),
         }
-        # As HuggingFacePipeline does, the model's hub options apply to its tokenizer too.
-        shared = {k: v for k, v in loading.items() if k in _TOKENIZER_SHARED}
-        kwargs.setdefault("tokenizer_kwargs", shared)
         return cls(
             model=model_id, device=_device_name(device), model_kwargs=loading, **fields, **kwargs
         )
@@ -292,10 +287,8 @@ class RapidParams(BaseModel):
             return self.engine
         with self._engine_lock:
             if self._engine is None:
-                spec = self._load_spec()
-                if self._tokenizer is not None:  # loaded already for counting: not twice
-                    spec = LoadSpec(**{**spec.__dict__, "tokenizer": self._tokenizer})
-                self._engine = spec.build()
+                # A tokenizer loaded already (for counting) is not loaded twice.
+                self._engine = self._load_spec().build(self._tokenizer)
             return self._engine
 
     def get_token_ids(self, text: str) -> list[int]:

