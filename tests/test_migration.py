@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.callbacks import BaseCallbackHandler
 from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
 from llama_index.core.llms import ChatMessage
 from llama_index.core.prompts import PromptTemplate
@@ -27,6 +26,7 @@ from langchain_rapid import RapidLLM as LangChainLLM
 from llamaindex_rapid import RapidLLM as LlamaIndexLLM
 from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine
 from tests.doc_examples import DOCS
+from tests.test_langchain_adapters import TokenCounter
 
 PAGE = DOCS / "migration.md"
 PROMPT = "abc def"
@@ -58,14 +58,6 @@ WITH_COUNTERPART = [(t, p) for t, p, c in ROWS if c != NONE]
 @pytest.fixture(scope="module")
 def engine(target: Any, tok: Any) -> RapidEngine:
     return RapidEngine(target, tokenizer=tok)
-
-
-class Tokens(BaseCallbackHandler):
-    def __init__(self) -> None:
-        self.tokens: list[str] = []
-
-    def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
-        self.tokens.append(token)
 
 
 class Shout(BaseOutputParser):
@@ -238,7 +230,7 @@ def _chat_stop(folder: Path, engine: RapidEngine) -> None:
 
 
 def _chat_streaming(folder: Path, engine: RapidEngine) -> None:
-    tokens = Tokens()
+    tokens = TokenCounter()
     reply = ChatRapid(engine=engine, streaming=True, max_tokens=8).invoke(
         PROMPT, config={"callbacks": [tokens]}
     )
