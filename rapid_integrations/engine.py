@@ -24,7 +24,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .attention import use_rapid_attention
 from .config import RapidConfig, check_mode
-from .drafting import ModelProposer, Proposer
+from .drafting import GammaSchedule, LookupFirst, LookupProposer, ModelProposer, Proposer
 from .errors import (
     ContextWindowExceededError,
     DeviceOutOfMemoryError,
@@ -56,15 +56,18 @@ def speculate(
     `budget()` is how many tokens may still be emitted; drafting never proposes past it.
     `end_ids` are the end-of-sequence ids of the end guard (None: no guard).
     """
+    schedule = GammaSchedule(cfg)
     while True:
-        gamma = min(cfg.gamma, budget() - 1) if proposer else 0
-        x, q = proposer.propose(gamma) if proposer and gamma > 0 else (target.pending[:0], None)
+        asked = min(schedule.gamma, budget() - 1) if proposer else 0
+        x, q = proposer.propose(asked) if proposer and asked > 0 else (target.pending[:0], None)
+        gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)
         z = target.feed(x)
         n, token = verdict(z, x, q, cfg, gen, end_ids)
         target.rollback(gamma - n)
         target.append(token)
         if proposer:
             proposer.commit(n, gamma, token)
+        schedule.update(asked, gamma, n)
         stats.drafted_tokens += gamma
         stats.accepted_tokens += n
         yield x[:n].tolist() + token.tolist()
@@ -87,8 +90,9 @@ class RapidEngine:
     target / draft: a transformers model, or a local folder / GGUF file / hub id to load.
     draft=None is self-speculation: the target object drafts too (loaded once, two caches).
     The draft may sit on another device; it must share the target's token ids.
-    draft_precision ("bfloat16", "float16" or "int8") drafts with a cheaper in-memory copy of
-    the draft (of the target, under self-speculation); outputs stay exact, acceptance may drop.
+    draft_precision (one of `models.DRAFT_PRECISIONS`: "bfloat16", "float16", "float32",
+    "int8-weight", "int8") drafts with a cheaper in-memory copy of the draft (of the target,
+    under self-speculation); outputs stay exact, acceptance may drop (int8 loses most).
     Models that use SDPA are switched to `attention.rapid_attention`, the same math without
     copying the grouped-query KV cache on verify passes.
     """
@@ -228,6 +232,9 @@ class RapidEngine:
             draft = self._start(self.draft, plan.draft_ids, limit, cfg)
             stats.draft_cached_prefix_tokens = draft.reused_tokens
             proposer = ModelProposer(draft, cfg, draft_gen)
+            if cfg.lookup_ngram:
+                lookup = LookupProposer(plan.draft_ids, plan.ids, cfg.lookup_ngram, self.vocab_size)
+                proposer = LookupFirst(lookup, proposer, cfg)
         decode_start = time.perf_counter()
         stats.prefill_seconds = decode_start - start
 
@@ -253,6 +260,9 @@ class RapidEngine:
         if proposer:
             stats.draft_forward_passes = proposer.state.forward_passes
             stats.draft_forward_seconds = proposer.state.forward_seconds
+        if isinstance(proposer, LookupFirst):
+            stats.lookup_drafted_tokens = proposer.lookup_drafted
+            stats.lookup_accepted_tokens = proposer.lookup_accepted
         return RapidOutput(detok.text, detok.ids, finish, stats.finalize(), len(plan.ids))
 
     def _start(
@@ -283,6 +293,8 @@ class RapidEngine:
         seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**62)
         stats = RapidStats(mode=mode, eta=cfg.eta, gamma=cfg.gamma, seed=seed)
         ids = self._fit(encode_prompt(prompt, self.tokenizer, self.vocab_size), self.target, cfg)
+        if mode in ("rapid", "sd") and len(ids) < cfg.speculate_min_context:
+            mode = "lc"  # too short for speculation to pay off (docs/algorithm.md section 2.9)
         if mode in ("rapid", "rag") and draft_prompt is None:
             draft_prompt, mode = self._retrieve(prompt, ids, retriever, query, cfg, stats, mode)
         draft_ids = None
