@@ -24,7 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .config import MODES, RapidConfig
+from .config import DTYPES, MODES, TRUNCATIONS, RapidConfig
+from .demo_data import demo_messages
 from .errors import (
     ContextWindowExceededError,
     ModelNotFoundError,
@@ -32,7 +33,8 @@ from .errors import (
     RapidError,
     RapidInputError,
 )
-from .outputs import RapidOutput, RapidStats
+from .outputs import RapidOutput
+from .stats_format import format_stats
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -132,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="target model: local folder or .gguf (default: embedded)")
     p.add_argument("--draft", help="draft model (default: the target itself)")
-    p.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
+    p.add_argument("--dtype", default="auto", help=", ".join(DTYPES))
     p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: CUDA when present)")
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -158,7 +160,7 @@ def _generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument(
         "--truncation",
-        choices=("error", "head_tail"),
+        choices=TRUNCATIONS,
         help="a prompt beyond the window: error (default) or keep head and tail",
     )
     p.add_argument("--retrieval-budget", type=int, help="tokens of retrieved context C^S")
@@ -277,8 +279,6 @@ def run_ask(args: argparse.Namespace) -> int:
     document = read_document(args.file)
     if not args.question.strip():
         raise RapidInputError("the question is empty")
-    from .demo import demo_messages  # imports torch: only once the input is known good
-
     engine = build_engine(args)
     out = answer(engine, demo_messages(document, args.question), args, sys.stdout)
     if args.json:
@@ -289,8 +289,6 @@ def run_ask(args: argparse.Namespace) -> int:
 def run_chat(args: argparse.Namespace) -> int:
     """`rapid chat FILE`: questions from stdin, one per line, until EOF or `quit`."""
     document = read_document(args.file)
-    from .demo import demo_messages  # imports torch: only once the input is known good
-
     engine = build_engine(args)
     opening = demo_messages(document, "")
     size = engine.count_tokens(opening)
@@ -369,25 +367,6 @@ def _prefill_progress(
     finally:
         handle.remove()
         bar.close()
-
-
-def format_stats(out: RapidOutput) -> str:
-    """One line of stats for a shell user (seconds, tokens)."""
-    s: RapidStats = out.stats
-    parts = [
-        f"[{s.mode}] {s.new_tokens} tokens ({out.finish_reason})",
-        f"decode {s.decode_tokens_per_second:.1f} tok/s",
-        f"prefill {s.prefill_seconds:.1f} s",
-        f"first token {s.time_to_first_token:.1f} s",
-        f"target context {s.target_context_tokens} tokens",
-    ]
-    if s.draft_context_tokens:
-        parts.append(f"draft context {s.draft_context_tokens} tokens")
-    if s.drafted_tokens:
-        parts.append(f"acceptance {s.acceptance_rate:.2f} (eta {s.eta:g}, gamma {s.gamma})")
-    if s.retrieval_fallback:
-        parts.append(f"retrieval fell back: {s.retrieval_fallback}")
-    return " | ".join(parts)
 
 
 def _json_result(args: argparse.Namespace, question: str, out: RapidOutput) -> dict[str, Any]:

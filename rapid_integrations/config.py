@@ -7,21 +7,43 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from .errors import RapidConfigError
 
+# Each list of choices is written once, here, as a Literal (for type hints and pydantic
+# fields); the tuples below are derived from it for checks, CLI choices and messages.
+Mode = Literal["rapid", "sd", "lc", "rag"]
 Residual = Literal["paper", "exact"]
 TailGuard = Literal["paper", "draft", "none"]
 Truncation = Literal["error", "head_tail"]
 RetrievalFallback = Literal["builtin", "lc", "raise"]
-MODES = ("rapid", "sd", "lc", "rag")
+DtypeName = Literal["auto", "bfloat16", "float16", "float32"]
+DraftPrecision = Literal["bfloat16", "float16", "int8"]
+MODES: tuple[str, ...] = get_args(Mode)
+RESIDUALS: tuple[str, ...] = get_args(Residual)
+TAIL_GUARDS: tuple[str, ...] = get_args(TailGuard)
+TRUNCATIONS: tuple[str, ...] = get_args(Truncation)
+RETRIEVAL_FALLBACKS: tuple[str, ...] = get_args(RetrievalFallback)
+DTYPES: tuple[str, ...] = get_args(DtypeName)
+DRAFT_PRECISIONS: tuple[str, ...] = get_args(DraftPrecision)
+
+
+def one_of(choices: tuple[str, ...]) -> str:
+    """ "must be 'a', 'b' or 'c'": the message of a failed choice check."""
+    *head, last = (repr(c) for c in choices)
+    return f"must be {', '.join(head)} or {last}" if head else f"must be {last}"
+
+
+def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    """Raise `RapidConfigError(name)` unless `value` is one of `choices`."""
+    if value not in choices:
+        raise RapidConfigError(name, f"{one_of(choices)}, got {value!r}")
 
 
 def check_mode(mode: object) -> None:
     """Raise `RapidConfigError` unless `mode` is one of `MODES`."""
-    if mode not in MODES:
-        raise RapidConfigError("mode", f"must be one of {MODES}, got {mode!r}")
+    check_choice("mode", mode, MODES)
 
 
 @dataclass(frozen=True)
@@ -132,13 +154,13 @@ _CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
         "must be a string or a sequence of non-empty strings",
     ),
     ("seed", _optional(_int), "must be an integer or None"),
-    ("residual", lambda v: v in ("paper", "exact"), "must be 'paper' or 'exact'"),
-    ("tail_guard", lambda v: v in ("paper", "draft", "none"), "must be 'paper', 'draft' or 'none'"),
+    ("residual", lambda v: v in RESIDUALS, one_of(RESIDUALS)),
+    ("tail_guard", lambda v: v in TAIL_GUARDS, one_of(TAIL_GUARDS)),
     ("tail_ratio", lambda v: _real(v) and 0 <= v < 1, "must be in [0, 1)"),
     ("ignore_eos", lambda v: isinstance(v, bool), "must be a bool"),
     ("end_guard", lambda v: isinstance(v, bool), "must be a bool"),
     ("prefill_chunk_size", lambda v: _int(v) and v >= 1, "must be an integer >= 1"),
-    ("truncation", lambda v: v in ("error", "head_tail"), "must be 'error' or 'head_tail'"),
+    ("truncation", lambda v: v in TRUNCATIONS, one_of(TRUNCATIONS)),
     (
         "retrieval_budget",
         _optional(lambda v: _int(v) and v >= 1),
@@ -147,11 +169,7 @@ _CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("retrieval_chunk_tokens", lambda v: _int(v) and v >= 8, "must be an integer >= 8"),
     ("retrieval_threshold", lambda v: _real(v) and -1 <= v <= 1, "must be in [-1, 1]"),
     ("retrieval_top_k", _optional(lambda v: _int(v) and v >= 1), "must be an integer >= 1 or None"),
-    (
-        "retrieval_fallback",
-        lambda v: v in ("builtin", "lc", "raise"),
-        "must be 'builtin', 'lc' or 'raise'",
-    ),
+    ("retrieval_fallback", lambda v: v in RETRIEVAL_FALLBACKS, one_of(RETRIEVAL_FALLBACKS)),
     ("retrieval_timeout", _optional(lambda v: _real(v) and v > 0), "must be a number > 0 or None"),
     ("query_fn", _optional(callable), "must be a callable str -> str or None"),
     ("prefix_cache_bytes", lambda v: _int(v) and v >= 0, "must be an integer >= 0 (0 disables)"),

@@ -8,27 +8,12 @@ retriever pulls out of it.
 from __future__ import annotations
 
 import argparse
-from importlib import resources
 
-from .cli import format_stats
+from .config import DTYPES
+from .demo_data import ANSWER_KEYWORD, QUESTION, demo_document, demo_messages
 from .engine import RapidEngine
 from .outputs import RapidOutput
-
-QUESTION = "Where is the spare key to the observatory on Kestrel Hill kept?"
-ANSWER_KEYWORD = "teapot"
-
-
-def demo_document() -> str:
-    return (
-        resources.files("rapid_integrations").joinpath("data/demo_document.txt").read_text("utf-8")
-    )
-
-
-def demo_messages(document: str, question: str = QUESTION) -> list[dict[str, str]]:
-    return [
-        {"role": "system", "content": "You answer questions about documents."},
-        {"role": "user", "content": f"Document:\n{document}\n\nQuestion: {question}"},
-    ]
+from .stats_format import format_stats
 
 
 def _report(label: str, out: RapidOutput) -> None:
@@ -38,7 +23,7 @@ def _report(label: str, out: RapidOutput) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--dtype", default="auto", help="model dtype: auto, bfloat16, float32")
+    parser.add_argument("--dtype", default="auto", help="model dtype: " + ", ".join(DTYPES))
     parser.add_argument("--max-new-tokens", type=int, default=48)
     args = parser.parse_args(argv)
     # No prefix reuse between the two runs: each pays its own prefill, as a first call would.

@@ -36,10 +36,11 @@ class ModelProposer:
         self._cfg = config
         self._gen = generator
         self._need_q = needs_q(config)
-        self._last = state.pending[:0]
+        self._last = state.pending[:0]  # [1] x_gamma of the last proposal, never fed to the draft
 
     def propose(self, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        logits = self.state.feed()[-1]
+        """Draft ids x [gamma] (int64) and q [gamma, V] (None unless needed): see `Proposer`."""
+        logits = self.state.feed()[-1]  # [V]
         xs, qs, rows = [], [], []
         for i in range(gamma):
             x, q = self._pick(logits)
@@ -79,6 +80,7 @@ class ModelProposer:
         self.state.append(tokens)
 
     def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
+        """Roll the draft cache back to the kept drafts and queue `token` [1] (int64) after them."""
         # The draft has read its pending tokens and x_1..x_{gamma-1}; x_gamma was never fed.
         if accepted < gamma:
             self.state.rollback(gamma - 1 - accepted)

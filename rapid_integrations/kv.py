@@ -29,6 +29,7 @@ class BufferedLayer(DynamicLayer):
         self.length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Allocate the buffers [batch, kv_heads, capacity, head_dim] from the first states."""
         super().lazy_initialization(key_states, value_states)
         shape = (*key_states.shape[:-2], self.capacity, key_states.shape[-1])
         self._k = key_states.new_empty(shape)
@@ -37,6 +38,8 @@ class BufferedLayer(DynamicLayer):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append key/value states [batch, kv_heads, new, head_dim]; return the whole cache
+        [batch, kv_heads, length, head_dim] (views of the buffers)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[-2]
@@ -123,14 +126,17 @@ class KVState:
         return all(isinstance(layer, BufferedLayer) for layer in self.cache.layers)
 
     def _load(self, kv: KV) -> None:
+        """Copy a stored prefix (per layer keys, values [1, kv_heads, tokens, head_dim]) in."""
         for layer, (k, v) in zip(self.cache.layers, kv, strict=bool(kv)):
             layer.update(k, v)
 
     def _views(self) -> KV:
+        """Per layer (keys, values) views [1, kv_heads, length, head_dim] of the buffers."""
         return [(layer.keys, layer.values) for layer in self.cache.layers]
 
     def feed(self, tokens: torch.Tensor | None = None) -> torch.Tensor:
-        """Read `pending` then `tokens` ([k] ids); return their logits, shape [len, vocab]."""
+        """Read `pending` then `tokens` ([k] int64 ids); return their logits [len, vocab]
+        (len = pending + k rows, in the model's dtype)."""
         ids = (
             self.pending
             if tokens is None
@@ -149,7 +155,7 @@ class KVState:
             self.cache.crop(-n)  # transformers 5: a negative count removes tokens
 
     def append(self, tokens: torch.Tensor) -> None:
-        """Commit `tokens` ([k] ids) as pending: they are read on the next `feed`."""
+        """Commit `tokens` ([k] int64 ids) as pending: they are read on the next `feed`."""
         self.pending = torch.cat([self.pending, tokens.to(self.pending.device)])
 
 

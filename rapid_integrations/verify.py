@@ -1,4 +1,19 @@
-"""The scorer/sampler role: turn the target's logits over the drafts into emitted tokens."""
+"""The scorer/sampler role: turn the target's logits over the drafts into emitted tokens.
+
+Terms (after vLLM's rejection sampler; docs/algorithm.md sections 2.3-2.7 and 3):
+  p        the target's distribution per position, softmax(z / T) after top-p, [gamma + 1, V];
+  q        the draft's sampling distribution at each drafted position (same T, top-p), [gamma, V];
+  p_hat    the retrieval-augmented target softmax(z / T + eta (q - p)), tail- and end-guarded,
+           [gamma, V]; it is p when eta = 0;
+  accepted tokens   the drafts x_1..x_n kept, each with probability min(1, p_hat_i(x_i) / q_i(x_i))
+           (greedy: iff x_i == argmax p_hat_i), left to right until the first rejection;
+  rejected token    the first draft x_{n+1} not kept; every draft after it is discarded too;
+  recovered (residual) token   the one token drawn after a rejection at row n, from the
+           residual of p_n, p_hat_n and q_n (greedy: argmax p_hat_n);
+  bonus token       the token drawn from p at row gamma (the row past the last draft) when all
+           gamma drafts are accepted; no q exists there, so p_hat = p.
+Each target pass emits accepted tokens + one recovered or bonus token.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +47,7 @@ def verdict(
 def _augmented(
     logp: torch.Tensor, q: torch.Tensor, cfg: RapidConfig, end_ids: torch.Tensor | None
 ) -> torch.Tensor:
-    """p_hat for the draft rows [gamma, V], end guard applied."""
+    """p_hat for the draft rows, end guard applied: logp, q [gamma, V] -> [gamma, V]."""
     ph = p_hat(logp, q, cfg.eta, cfg.tail_guard, cfg.tail_ratio)
     return ph if end_ids is None else end_guard(ph, logp.exp(), end_ids)
 
@@ -44,6 +59,7 @@ def _greedy(
     cfg: RapidConfig,
     end_ids: torch.Tensor | None,
 ) -> tuple[int, torch.Tensor]:
+    """`verdict` at temperature 0; shapes as there (q may be None only when eta = 0)."""
     # docs/algorithm.md section 3: accept iff x_i == argmax p_hat_i (T = 1 softmaxes); emit argmax p_hat on
     # rejection; the bonus position has no q, so p_hat = p there.
     # argmax p is argmax z; taken on z, logits closer than log_softmax's rounding stay apart,
@@ -68,6 +84,7 @@ def _sampled(
     gen: torch.Generator,
     end_ids: torch.Tensor | None,
 ) -> tuple[int, torch.Tensor]:
+    """`verdict` when sampling; shapes as there (q is [gamma, V] whenever gamma > 0)."""
     logp = log_probs(z, cfg.temperature, cfg.top_p)
     gamma = x.numel()
     n, dist = 0, logp[0].exp()

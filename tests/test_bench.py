@@ -11,10 +11,12 @@ from rapid_integrations import RapidConfigError
 from rapid_integrations.bench.dataset import TASK_KINDS, build_tasks
 from rapid_integrations.bench.methods import METHODS, Method
 from rapid_integrations.bench.models import load_rope_scaled, tiny_pair
+from rapid_integrations.bench.plots import PLOTS
 from rapid_integrations.bench.probe import ForwardProbe, peak_memory_bytes, reset_peak_memory
-from rapid_integrations.bench.report import PLOTS, length_name, summarize
 from rapid_integrations.bench.runner import BenchSettings
 from rapid_integrations.bench.scoring import exact_match, normalize_words, token_f1
+from rapid_integrations.bench.summary import summarize
+from rapid_integrations.bench.tables import length_name
 from rapid_integrations.cli import main
 from rapid_integrations.tokens import encode_prompt
 

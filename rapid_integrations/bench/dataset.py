@@ -11,7 +11,7 @@ tokenizer, question and answer room included):
 * ``chat``: a long chat history of documentation turns; the user stated the fact many turns
   earlier and asks for it in the last turn (the paper's long chat-history setting).
 
-The haystack is `recall.stdlib_paragraphs()` (Python standard-library docstrings, the same for
+The haystack is `haystack.stdlib_paragraphs()` (Python standard-library docstrings, the same for
 a given Python version). Every task draws its own `random.Random` from (seed, kind, length,
 index), so a task does not change when other tasks are added.
 """
@@ -24,10 +24,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..demo import demo_messages
+from ..demo_data import demo_messages
 from ..errors import RapidConfigError
 from ..retrieval.base import TokenizerLike, count_tokens
-from .recall import stdlib_paragraphs
+from .haystack import stdlib_paragraphs
 
 TASK_KINDS = ("single", "two", "chat")
 CONTEXT_LENGTHS = (2048, 4096, 8192)

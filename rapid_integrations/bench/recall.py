@@ -14,11 +14,9 @@ index (chunk + embed + FAISS) a 32K-token document from a cold embedding cache.
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..config import RapidConfig
@@ -26,14 +24,8 @@ from ..prompts import prepare_draft_prompt
 from ..retrieval.base import TokenizerLike, count_text_tokens, count_tokens
 from ..retrieval.embedding import SentenceTransformerEmbedder
 from ..retrieval.faiss_retriever import FaissContextRetriever
+from .haystack import stdlib_paragraphs
 
-HAYSTACK_MODULES = (
-    "argparse", "asyncio", "collections", "csv", "dataclasses", "datetime", "decimal",
-    "email", "fractions", "functools", "http.client", "inspect", "itertools", "json",
-    "logging", "os", "pathlib", "pickle", "re", "shutil", "socket", "string", "subprocess",
-    "tarfile", "textwrap", "threading", "typing", "unittest", "urllib.parse", "zipfile",
-)  # fmt: skip
-"""Pure-Python standard-library modules whose docstrings make the haystack, in this order."""
 BUDGETS = (256, 512, 1024, 2048)
 DOC_TOKENS = (8192, 32768)
 INSTRUCTION = "Read the Python documentation below and answer the question at the end."
@@ -49,19 +41,6 @@ class Needle:
     fact: str
     question: str
     depth: float
-
-
-def stdlib_paragraphs() -> Iterator[str]:
-    """Docstrings of `HAYSTACK_MODULES` and their public members, each once, in a fixed order."""
-    seen: set[str] = set()
-    for name in HAYSTACK_MODULES:
-        module = importlib.import_module(name)
-        members = [module] + [obj for key, obj in sorted(vars(module).items()) if key[:1] != "_"]
-        for obj in members:
-            doc = inspect.getdoc(obj)
-            if doc and len(doc) > 200 and doc not in seen:
-                seen.add(doc)
-                yield doc
 
 
 def haystack(n_tokens: int, tokenizer: TokenizerLike) -> list[str]:

@@ -137,6 +137,29 @@ QUICK: dict[str, Any] = {
 only. A 16K RoPE-scaled run adds about 3 minutes on 2 cores (`--rope-lengths 16384`)."""
 
 
+@dataclass(frozen=True)
+class _Suite:
+    """What every call of one suite shares: its name, engine, forward probe and the
+    `RapidConfig` overrides of each call."""
+
+    name: str
+    engine: RapidEngine
+    probe: ForwardProbe
+    overrides: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One measured generation: `method` on `task` within `suite`, with the draft prompt
+    built for the task; turn 2 is a second question on the same document (warm cache)."""
+
+    suite: _Suite
+    method: Method
+    task: Task
+    retrieved: _Retrieved
+    turn: int = 1
+
+
 @dataclass
 class _Session:
     """One run: its settings, where records go, and the progress bar."""
@@ -148,25 +171,16 @@ class _Session:
     records: list[dict[str, Any]] = field(default_factory=list)
     bar: Any = None
 
-    def run(
-        self,
-        suite: str,
-        engine: RapidEngine,
-        method: Method,
-        task: Task,
-        retrieved: _Retrieved,
-        probe: ForwardProbe,
-        overrides: dict[str, Any],
-        turn: int = 1,
-    ) -> None:
+    def run(self, call: _Call) -> None:
         """Measure one call and keep its record; speed-only suites are not scored."""
-        measured = _measure(engine, method, task, retrieved, probe, overrides, cold=turn == 1)
-        record = _record(engine, suite, method, task, retrieved, measured, turn)
-        if suite != "qa":
+        record = _record(call, _measure(call))
+        if call.suite.name != "qa":
             record.update(accuracy=None, f1=None)
         record["dtype"] = str(self.dtype).removeprefix("torch.")
         self.records.append(record)
-        self.bar.set_postfix_str(f"{suite} {task.task_id} {method.label}", refresh=False)
+        self.bar.set_postfix_str(
+            f"{call.suite.name} {call.task.task_id} {call.method.label}", refresh=False
+        )
         self.bar.update()
 
     def save(self, plots: bool = False) -> None:
@@ -274,16 +288,17 @@ def _qa_suite(session: _Session, engine: RapidEngine, tasks: list[Task]) -> None
         "seed": settings.seed,
     }
     with ForwardProbe([engine.target, engine.draft]) as probe:
+        suite = _Suite("qa", engine, probe, overrides)
         warm_up(engine, methods, probe)
         for task, followup in zip(tasks, _followups(settings, tasks), strict=True):
             retrieved = _Retrieved.build(engine, task, any(m.retrieves for m in methods))
             for method in methods:
-                session.run("qa", engine, method, task, retrieved, probe, overrides)
+                session.run(_Call(suite, method, task, retrieved))
             if followup:
                 # The engine still holds this document's KV from the methods above.
                 retrieved = _Retrieved.build(engine, followup, True)
                 method = Method("rapid", DEFAULT_ETA)
-                session.run("qa", engine, method, followup, retrieved, probe, overrides, turn=2)
+                session.run(_Call(suite, method, followup, retrieved, turn=2))
             session.save()
 
 
@@ -320,11 +335,12 @@ def _speed_suite(
         "seed": session.settings.seed,
     }
     with ForwardProbe([engine.target, engine.draft]) as probe:
+        settings = _Suite(suite, engine, probe, overrides)
         warm_up(engine, list(methods), probe)
         for task in tasks:
             retrieved = _Retrieved.build(engine, task, True)
             for method in methods:
-                session.run(suite, engine, method, task, retrieved, probe, overrides)
+                session.run(_Call(settings, method, task, retrieved))
             session.save()
 
 
@@ -353,45 +369,44 @@ class _Retrieved:
         return cls(built.prompt, seconds, sum(f in text for f in task.facts) / len(task.facts))
 
 
-def _measure(
-    engine: RapidEngine,
-    method: Method,
-    task: Task,
-    retrieved: _Retrieved,
-    probe: ForwardProbe,
-    overrides: dict[str, Any],
-    cold: bool,
-) -> Measurement:
+def _measure(call: _Call) -> Measurement:
+    engine, method, task, overrides = (
+        call.suite.engine,
+        call.method,
+        call.task,
+        call.suite.overrides,
+    )
     if method.name in ENGINE_METHODS:
-        draft_prompt = retrieved.prompt if method.retrieves else None
+        draft_prompt = call.retrieved.prompt if method.retrieves else None
         return measure_engine(
-            engine, method, task.messages, draft_prompt, probe, cold=cold, **overrides
+            engine,
+            method,
+            task.messages,
+            draft_prompt,
+            call.suite.probe,
+            cold=call.turn == 1,
+            **overrides,
         )
     ids = encode_prompt(task.messages, engine.tokenizer, engine.vocab_size)
     limit, stop = overrides["max_new_tokens"], overrides["stop"]
-    return measure_transformers(engine, method, ids, probe, max_new_tokens=limit, stop=stop)
+    return measure_transformers(
+        engine, method, ids, call.suite.probe, max_new_tokens=limit, stop=stop
+    )
 
 
-def _record(
-    engine: RapidEngine,
-    suite: str,
-    method: Method,
-    task: Task,
-    retrieved: _Retrieved,
-    measured: Measurement,
-    turn: int,
-) -> dict[str, Any]:
+def _record(call: _Call, measured: Measurement) -> dict[str, Any]:
     """One results record: what ran, on what, how well, at what cost (docs/benchmarks.md)."""
+    engine, method, task, retrieved = call.suite.engine, call.method, call.task, call.retrieved
     retrieves = method.retrieves
     record = {
-        "suite": suite,
+        "suite": call.suite.name,
         "method": method.name,
         "label": method.label,
         "eta": method.eta if method.name == "rapid" else (0.0 if method.name == "sd" else None),
         "task": task.kind,
         "task_id": task.task_id,
         "context_label": task.context_label,
-        "turn": turn,
+        "turn": call.turn,
         "target_model": model_name(engine.target),
         "draft_model": model_name(engine.draft) if method.name in ("rag", "sd", "rapid") else None,
         "accuracy": exact_match(measured.answer, task.references),

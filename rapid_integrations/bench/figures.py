@@ -1,0 +1,178 @@
+"""The figures the benchmark is judged by: each value against its issue's target."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import RapidConfig
+from .summary import TASK_ALL, Record, find_row, lc_key, mean
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A bound a figure should meet: value >= bound (or <= when not `above`)."""
+
+    bound: float
+    above: bool = True
+
+    @property
+    def text(self) -> str:
+        return f"{'>=' if self.above else '<='} {self.bound:g}"
+
+    def met(self, value: float | None) -> bool | None:
+        if value is None:
+            return None
+        return value >= self.bound if self.above else value <= self.bound
+
+
+AT_8K = 8192
+SPEEDUP_TARGETS = {"qa": {AT_8K: _Target(1.5)}, "speed": {AT_8K: _Target(2.0), 32768: _Target(3.0)}}
+"""Decode speedup of rapid over lc: issue 6 on QA answers at 8K; issue 7 on fixed-length
+decoding at 8K and (RoPE-scaled) 32K."""
+
+
+def speed_figures(
+    records: list[Record], summary: list[Record], meta: dict[str, Any]
+) -> list[Record]:
+    """The figures the benchmark is judged by, each with its value, target and status.
+
+    Issue 6 (QA suite, default eta): accuracy against the better of lc and rag per task kind
+    at the longest length; decode speedup over lc and over transformers prompt lookup;
+    acceptance. Issue 7: time to first token of a second question on the same document;
+    from the speed suite: decode speedup, verify step against a decode step, the share of
+    decode time outside forward passes, and peak memory against weights + 2 KV + 1 GiB.
+    """
+    eta = meta.get("default_eta", RapidConfig().eta)
+    rows = [r for r in summary if r["turn"] == 1 and r["suite"] in ("qa", "speed")]
+    figures = _accuracy_figures([r for r in rows if r["suite"] == "qa"], eta)
+    figures += _followup_figures(records)
+    for row in rows:
+        if row["method"] == "rapid" and row["eta"] == eta and row["task"] == TASK_ALL:
+            same = [r for r in rows if lc_key(r) == lc_key(row)]
+            figures += _rapid_figures(row, same, meta)
+    return figures
+
+
+def _figure(name: str, length: int | None, value: float | None, target: _Target | None) -> Record:
+    return {
+        "figure": name,
+        "context_label": length,
+        "value": value,
+        "target": target.text if target else None,
+        "met": target.met(value) if target else None,
+    }
+
+
+def _accuracy_figures(qa: list[Record], eta: float) -> list[Record]:
+    """rapid's accuracy minus the better of lc and rag, per task kind, at the longest length."""
+    if not qa:
+        return []
+    longest = max(r["context_label"] for r in qa)
+    figures = []
+    for kind in [TASK_ALL, *dict.fromkeys(r["task"] for r in qa if r["task"] != TASK_ALL)]:
+        cell = {"context_label": longest, "task": kind}
+        rapid = find_row(qa, method="rapid", eta=eta, **cell)
+        others = [find_row(qa, method=m, **cell) for m in ("lc", "rag")]
+        scores = [r["accuracy"] for r in others if r and r["accuracy"] is not None]
+        value = rapid["accuracy"] - max(scores) if rapid and scores else None
+        name = f"accuracy: rapid minus the better of lc and rag ({kind})"
+        figures.append(_figure(name, longest, value, _Target(0.0)))
+    return figures
+
+
+def _followup_figures(records: list[Record]) -> list[Record]:
+    """Time to first token of the first question (rapid; transformers generate) over that of
+    the second question on the same document (rapid, prefix cache warm)."""
+    seconds = [r for r in records if r["suite"] == "qa" and r["turn"] == 2]
+    figures = []
+    for name, method in (("rapid, first question", "rapid"), ("transformers generate", "hf")):
+        ratios = []
+        for second in seconds:
+            first = next(
+                (
+                    r
+                    for r in records
+                    if r["task_id"] == second["task_id"].removesuffix("-followup")
+                    and r["method"] == method
+                    and r["eta"] == (second["eta"] if method == "rapid" else None)
+                ),
+                None,
+            )
+            if first and second["time_to_first_token"]:
+                ratios.append(first["time_to_first_token"] / second["time_to_first_token"])
+        length = seconds[0]["context_label"] if seconds else None
+        name = f"time to first token: {name} / second question"
+        figures.append(_figure(name, length, mean(ratios), _Target(10.0)))
+    return figures
+
+
+def _rapid_figures(row: Record, same: list[Record], meta: dict[str, Any]) -> list[Record]:
+    """Figures of rapid at one suite and length; `same`: the other methods' rows there."""
+    suite, length = row["suite"], row["context_label"]
+    speedup = _figure(
+        f"decode speedup of rapid over lc ({suite})",
+        length,
+        row["speedup_vs_lc"],
+        SPEEDUP_TARGETS[suite].get(length),
+    )
+    acceptance = _figure(
+        f"acceptance rate ({suite})",
+        length,
+        row["acceptance_rate"],
+        _Target(0.85) if suite == "qa" and length == AT_8K else None,
+    )
+    if suite == "qa":
+        pld = next((r for r in same if r["method"] == "hf-pld"), None)
+        ratio = _ratio(row["decode_tokens_per_second"], pld and pld["decode_tokens_per_second"])
+        target = _Target(1.0) if length == AT_8K else None
+        return [
+            speedup,
+            _figure("decode speed of rapid / transformers prompt lookup", length, ratio, target),
+            acceptance,
+        ]
+    lc = next((r for r in same if r["method"] == "lc"), None)
+    verify = _ratio(row["verify_step_seconds"], lc and lc["main_step_seconds"])
+    return [
+        speedup,
+        acceptance,
+        _figure("verify step / target decode step", length, verify, _Target(1.5, above=False)),
+        _figure(
+            "share of decode time outside forward passes",
+            length,
+            row["outside_forward_fraction"],
+            _Target(0.10, above=False),
+        ),
+        _figure(
+            "peak memory / (weights + 2 KV + 1 GiB)",
+            length,
+            _memory_ratio(row, meta, row["peak_memory_bytes"], with_weights=True),
+            _Target(1.0, above=False),
+        ),
+        _figure(
+            "memory growth during the call / (2 KV + 1 GiB)",
+            length,
+            _memory_ratio(row, meta, row["memory_growth_bytes"], with_weights=False),
+            _Target(1.0, above=False),
+        ),
+    ]
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def _memory_ratio(
+    row: Record, meta: dict[str, Any], used: int | None, with_weights: bool
+) -> float | None:
+    """`used` bytes over issue 7's bound: 2 x the call's KV caches + 1 GiB, plus the weights
+    when `used` is the whole peak (on CPU the resident set also holds Python, torch and the
+    embedder, which the bound does not count; the growth during the call leaves them out)."""
+    memory = meta.get("memory_model")
+    if not memory or not used:
+        return None
+    tokens = row["context_tokens"] + (row["draft_context_tokens"] or 0) + (row["new_tokens"] or 0)
+    bound = 2 * memory["kv_bytes_per_token"] * tokens + GIB
+    return used / (bound + (memory["weights_bytes"] if with_weights else 0))

@@ -1,0 +1,101 @@
+"""Aggregate benchmark records (the `records` of results.json) into summary rows.
+
+Rows are keyed by (suite, method, eta, context length, turn, task kind), plus task "all".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from statistics import fmean
+from typing import Any
+
+GROUP_KEYS = ("suite", "method", "label", "eta", "context_label", "turn")
+TASK_ALL = "all"
+
+Record = dict[str, Any]
+
+
+def summarize(records: list[Record]) -> list[Record]:
+    """One row per (suite, method, eta, context length, turn, task kind), plus task "all".
+
+    Rates are pooled (total tokens / total seconds), acceptance is accepted / drafted over the
+    group, and speedup_vs_lc divides by the `lc` row of the same suite, length, task and turn 1.
+    """
+    groups: dict[tuple, list[Record]] = {}
+    for r in records:
+        for task in (r["task"], TASK_ALL):
+            groups.setdefault((*(r[k] for k in GROUP_KEYS), task), []).append(r)
+    rows = [
+        _aggregate(dict(zip((*GROUP_KEYS, "task"), k, strict=True)), rs) for k, rs in groups.items()
+    ]
+    lc = {lc_key(r): r for r in rows if r["method"] == "lc" and r["turn"] == 1}
+    for row in rows:
+        base = lc.get(lc_key(row))
+        rate, base_rate = row["decode_tokens_per_second"], base and base["decode_tokens_per_second"]
+        row["speedup_vs_lc"] = rate / base_rate if rate and base_rate else None
+    return rows
+
+
+def lc_key(row: Record) -> tuple:
+    """The key a row shares with the `lc` row it is compared against."""
+    return row["suite"], row["context_label"], row["task"]
+
+
+def _aggregate(key: Record, rs: list[Record]) -> Record:
+    def field_mean(name: str) -> float | None:
+        return mean(r[name] for r in rs)
+
+    drafted = sum(r["drafted_tokens"] for r in rs)
+    return {
+        **key,
+        "n": len(rs),
+        "context_tokens": field_mean("context_tokens"),
+        "draft_context_tokens": field_mean("draft_context_tokens"),
+        "accuracy": field_mean("accuracy"),
+        "f1": field_mean("f1"),
+        "needle_recall": field_mean("needle_recall"),
+        "new_tokens": field_mean("new_tokens"),
+        "decode_tokens_per_second": _pooled_rate(rs),
+        "acceptance_rate": sum(r["accepted_tokens"] for r in rs) / drafted if drafted else None,
+        "prefill_seconds": field_mean("prefill_seconds"),
+        "time_to_first_token": field_mean("time_to_first_token"),
+        "retrieval_seconds": field_mean("retrieval_seconds"),
+        "outside_forward_fraction": _pooled_outside(rs),
+        "main_step_seconds": field_mean("main_step_seconds"),
+        "verify_step_seconds": field_mean("verify_step_seconds"),
+        "draft_step_seconds": field_mean("draft_step_seconds"),
+        "peak_memory_bytes": max((r["peak_memory_bytes"] or 0 for r in rs), default=None),
+        "memory_growth_bytes": max(
+            (
+                r["peak_memory_bytes"] - r["baseline_memory_bytes"]
+                for r in rs
+                if r["peak_memory_bytes"] and r.get("baseline_memory_bytes")
+            ),
+            default=None,
+        ),
+    }
+
+
+def mean(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return fmean(present) if present else None
+
+
+def _pooled_rate(rs: list[Record]) -> float | None:
+    """Decoded tokens over decode seconds of the whole group (each record's own token count)."""
+    timed = [r for r in rs if r["decode_tokens_per_second"] and r["decode_seconds"]]
+    seconds = sum(r["decode_seconds"] for r in timed)
+    tokens = sum(r["decode_tokens_per_second"] * r["decode_seconds"] for r in timed)
+    return tokens / seconds if seconds else None
+
+
+def _pooled_outside(rs: list[Record]) -> float | None:
+    timed = [r for r in rs if r["forward_seconds"] is not None and r["decode_seconds"]]
+    seconds = sum(r["decode_seconds"] for r in timed)
+    outside = sum(max(0.0, r["decode_seconds"] - r["forward_seconds"]) for r in timed)
+    return outside / seconds if seconds else None
+
+
+def find_row(summary: list[Record], **key: Any) -> Record | None:
+    """The first row whose fields equal `key`, or None."""
+    return next((r for r in summary if all(r[k] == v for k, v in key.items())), None)

@@ -1,0 +1,141 @@
+"""The Markdown report: machine, quality and speed tables, speed figures, plot links."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .dataset import TASK_KINDS
+from .summary import GROUP_KEYS, TASK_ALL, Record, find_row
+
+
+def markdown(
+    meta: dict[str, Any], summary: list[Record], figures: list[Record], plots: Sequence[str]
+) -> str:
+    """The report: machine, quality and speed table, speed-only table, speed figures, plots."""
+    parts = ["# RAPID benchmark results", "", _machine_line(meta), ""]
+    parts += ["## Quality and speed, side by side (greedy)", "", _qa_table(summary), ""]
+    speed = _speed_table(summary)
+    if speed:
+        parts += ["## Speed-only runs (end-of-sequence ignored)", "", speed, ""]
+    parts += ["## Speed figures and targets", "", _figures_table(figures), ""]
+    parts += [f"![{p}]({p})" for p in plots] or ["(plots not written)"]
+    return "\n".join(parts) + "\n"
+
+
+def _machine_line(meta: dict[str, Any]) -> str:
+    m, s = meta.get("machine", {}), meta.get("settings", {})
+    gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
+    wall = meta.get("wall_seconds")
+    return (
+        f"Machine: {m.get('cpu')} ({m.get('cpu_count')} CPUs, torch threads {m.get('torch_threads')})"
+        f"{gpu}, device {m.get('device')}, dtype {meta.get('dtype')}; torch {m.get('torch')}, "
+        f"transformers {m.get('transformers')}, Python {m.get('python')}. "
+        f"Load average at start {m.get('load_average_start')}, at end {m.get('load_average_end')}. "
+        f"Preset: {'quick' if s.get('quick') else 'full'}, {s.get('per_cell')} task(s) per kind "
+        f"and length, seed {s.get('seed')}" + (f"; wall time {wall / 60:.1f} min." if wall else ".")
+    )
+
+
+def length_name(tokens: int) -> str:
+    """2048 -> "2K"; lengths under 1024 tokens stay numbers."""
+    return f"{tokens // 1024}K" if tokens >= 1024 else str(tokens)
+
+
+def _fmt(value: Any, spec: str = ".2f") -> str:
+    if value is None:
+        return "–"
+    return format(value, spec) if isinstance(value, float) else str(value)
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _qa_table(summary: list[Record]) -> str:
+    qa = [r for r in summary if r["suite"] == "qa" and r["turn"] == 1]
+    kinds = sorted({r["task"] for r in qa} - {TASK_ALL}, key=TASK_KINDS.index)
+    rows = []
+    for row in (r for r in qa if r["task"] == TASK_ALL):
+        by_kind = [find_row(qa, **{k: row[k] for k in GROUP_KEYS}, task=kind) for kind in kinds]
+        rows.append(
+            [
+                length_name(row["context_label"]),
+                row["label"],
+                _fmt(row["accuracy"]),
+                *(_fmt(k and k["accuracy"]) for k in by_kind),
+                _fmt(row["f1"]),
+                _fmt(row["needle_recall"]),
+                _fmt(row["decode_tokens_per_second"], ".1f"),
+                _fmt(row["speedup_vs_lc"]),
+                _fmt(row["acceptance_rate"]),
+                _fmt(row["prefill_seconds"], ".1f"),
+                _fmt(row["time_to_first_token"], ".1f"),
+            ]
+        )
+    headers = [
+        "context",
+        "method",
+        "accuracy",
+        *kinds,
+        "F1",
+        "C^S recall",
+        "decode tok/s",
+        "speedup vs lc",
+        "acceptance",
+        "prefill s",
+        "TTFT s",
+    ]
+    return _table(headers, rows)
+
+
+def _speed_table(summary: list[Record]) -> str:
+    rows = [
+        [
+            r["suite"],
+            length_name(r["context_label"]),
+            r["label"],
+            _fmt(r["context_tokens"], ".0f"),
+            _fmt(r["draft_context_tokens"], ".0f"),
+            _fmt(r["decode_tokens_per_second"], ".1f"),
+            _fmt(r["speedup_vs_lc"]),
+            _fmt(r["acceptance_rate"]),
+        ]
+        for r in summary
+        if r["suite"] != "qa" and r["task"] == TASK_ALL
+    ]
+    headers = [
+        "suite",
+        "context",
+        "method",
+        "target tokens",
+        "draft tokens",
+        "decode tok/s",
+        "speedup vs lc",
+        "acceptance",
+    ]
+    return _table(headers, rows) if rows else ""
+
+
+def _figures_table(figures: list[Record]) -> str:
+    rows = [
+        [
+            f["figure"],
+            _fmt(f["context_label"] and length_name(f["context_label"])),
+            _fmt(f["value"], ".3g"),
+            _fmt(f["target"]),
+            _status(f),
+        ]
+        for f in figures
+    ]
+    return _table(["figure", "context", "value", "target", "status"], rows)
+
+
+def _status(figure: Record) -> str:
+    if figure["value"] is None:
+        return "not measured"
+    if figure["met"] is None:
+        return "–"
+    return "met" if figure["met"] else "not met"

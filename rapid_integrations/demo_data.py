@@ -1,0 +1,28 @@
+"""The bundled demo document, its question, and the chat prompt every document question uses.
+
+Framework-free and torch-free: `make demo`, `rapid ask/chat` and the benchmark's tasks all
+build their prompts here without importing one another.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+QUESTION = "Where is the spare key to the observatory on Kestrel Hill kept?"
+ANSWER_KEYWORD = "teapot"
+SYSTEM_PROMPT = "You answer questions about documents."
+
+
+def demo_document() -> str:
+    """The ~5.7K-token bundled document (stdlib docstrings hiding one field note)."""
+    return (
+        resources.files("rapid_integrations").joinpath("data/demo_document.txt").read_text("utf-8")
+    )
+
+
+def demo_messages(document: str, question: str = QUESTION) -> list[dict[str, str]]:
+    """A system turn and one user turn holding `document`, then `question`."""
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": f"Document:\n{document}\n\nQuestion: {question}"},
+    ]
