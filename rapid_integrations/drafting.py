@@ -19,7 +19,7 @@ from .sampling import check_finite, log_probs
 
 class Proposer(Protocol):
     def propose(self, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft `gamma` tokens: ids [gamma] and their sampling distributions q [gamma, V]
+        """Draft k tokens, 1 <= k <= `gamma`: ids [k] and their sampling distributions q [k, V]
         (None when the verdict does not need q: greedy with eta = 0)."""
         ...
 
@@ -39,7 +39,8 @@ class ModelProposer:
         self._last = state.pending[:0]  # [1] x_gamma of the last proposal, never fed to the draft
 
     def propose(self, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft ids x [gamma] (int64) and q [gamma, V] (None unless needed): see `Proposer`."""
+        """Draft ids x [k] (int64) and q [k, V] (None unless needed), k <= gamma: fewer when
+        the confidence threshold stops drafting early. See `Proposer`."""
         logits = self.state.feed()[-1]  # [V]
         xs, qs, rows = [], [], []
         for i in range(gamma):
