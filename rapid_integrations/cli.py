@@ -4,6 +4,7 @@
     rapid chat FILE [options]               a multi-turn conversation about FILE (stdin)
     rapid bench [--quick | --long | --eta-sweep | --prefill] [--out DIR]
                                             quality and speed of every method, side by side
+    rapid serve [--host H] [--port P]       an OpenAI-compatible server (docs/serving.md)
 
 Without --model the embedded SmolLM2-135M-Instruct answers (converted once on first use).
 The answer goes to stdout and the stats to stderr; --json prints one JSON object instead
@@ -108,7 +109,7 @@ def _explain(exc: RapidError) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `rapid` argument parser: subcommands ask, chat and bench."""
+    """The `rapid` argument parser: subcommands ask, chat, bench and serve."""
     parser = argparse.ArgumentParser(
         prog="rapid",
         description="RAPID retrieval-augmented speculative decoding over long documents.",
@@ -129,6 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmark quality and speed of every method")
     _bench_options(bench)
     bench.set_defaults(command="bench", run=run_bench_command)
+    from .serve import server  # imports no server library until it runs
+
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (docs/serving.md)")
+    server.add_arguments(serve)
+    serve.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="hide progress bars"
+    )
+    serve.set_defaults(command="serve", run=server.run)
     return parser
 
 

@@ -12,10 +12,11 @@ both KV caches are rolled back to what was kept. Modes reuse the same loop:
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import time
 import traceback
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,20 +24,31 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .attention import use_rapid_attention
-from .config import RapidConfig, check_mode
+from .config import DRAFT_PRECISIONS, RapidConfig, check_choice, check_mode
 from .drafting import GammaSchedule, LookupFirst, LookupProposer, ModelProposer, Proposer
 from .errors import (
     ContextWindowExceededError,
     DeviceOutOfMemoryError,
+    RapidConfigError,
     RapidInputError,
     VocabularyMismatchError,
 )
 from .kv import KVState
-from .models import load_default, load_model, lower_precision_copy
+from .models import (
+    LoadOptions,
+    config_window,
+    load_default,
+    load_model,
+    load_tokenizer,
+    lower_precision_copy,
+)
 from .outputs import FinishReason, RapidOutput, RapidStats, RapidStream
 from .prefix_cache import PrefixCache
 from .tokens import Detokenizer, Prompt, encode_prompt, is_chat, stop_token_ids
 from .verify import verdict
+
+_DRAFT_OPTIONS = ("draft_device", "draft_precision", "draft_model_kwargs")
+"""Constructor arguments `from_default` passes through beside the `RapidConfig` fields."""
 
 # How the CPU allocator words running out (a plain RuntimeError, unlike CUDA's OutOfMemoryError).
 _OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "not enough memory")
@@ -90,35 +102,67 @@ class RapidEngine:
     target / draft: a transformers model, or a local folder / GGUF file / hub id to load.
     draft=None is self-speculation: the target object drafts too (loaded once, two caches).
     The draft may sit on another device; it must share the target's token ids.
-    draft_precision (one of `models.DRAFT_PRECISIONS`: "bfloat16", "float16", "float32",
-    "int8-weight", "int8") drafts with a cheaper in-memory copy of the draft (of the target,
+    tokenizer / draft_tokenizer: a tokenizer object, or a folder / hub id loaded with
+    `tokenizer_kwargs` (default: the tokenizer saved with the target).
+    model_kwargs / draft_model_kwargs go to `from_pretrained` when target / draft are loaded
+    here (device_map including "auto", quantization_config, attn_implementation,
+    trust_remote_code, revision, dtype, ...); the draft does not inherit the target's. A
+    device-mapped or quantized model is never moved: the verdict runs where its logits are.
+    draft_precision (one of `config.DRAFT_PRECISIONS`: "bfloat16", "float16", "int8-weight",
+    "int8") drafts with a cheaper in-memory copy of the draft (of the target,
     under self-speculation); outputs stay exact, acceptance may drop (int8 loses most).
     Models that use SDPA are switched to `attention.rapid_attention`, the same math without
     copying the grouped-query KV cache on verify passes.
+    Every argument is checked before any weights load: bad values raise `RapidConfigError`.
     """
 
     def __init__(
         self,
         target: Any,
         draft: Any = None,
-        tokenizer: PreTrainedTokenizerBase | None = None,
-        config: RapidConfig | None = None,
+        tokenizer: PreTrainedTokenizerBase | str | os.PathLike[str] | None = None,
+        config: RapidConfig | Mapping[str, Any] | None = None,
         *,
         retriever: Any = None,
         device: str | torch.device | None = None,
         draft_device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
-        draft_tokenizer: PreTrainedTokenizerBase | None = None,
+        draft_tokenizer: PreTrainedTokenizerBase | str | os.PathLike[str] | None = None,
         draft_precision: str | None = None,
+        model_kwargs: dict[str, Any] | None = None,
+        draft_model_kwargs: dict[str, Any] | None = None,
+        tokenizer_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        self.target, loaded_tok = load_model(target, device=device, dtype=dtype)
+        self_draft = draft is None or draft is target
+        self.config, options, draft_options = _check_arguments(
+            self_draft,
+            config,
+            device=device,
+            draft_device=draft_device,
+            dtype=dtype,
+            draft_precision=draft_precision,
+            model_kwargs=model_kwargs,
+            draft_model_kwargs=draft_model_kwargs,
+            tokenizer_kwargs=tokenizer_kwargs,
+        )
+        if tokenizer_kwargs and not (
+            tokenizer is None
+            or any(isinstance(t, (str, os.PathLike)) for t in (tokenizer, draft_tokenizer))
+        ):
+            raise RapidConfigError(
+                "tokenizer_kwargs", "apply when a tokenizer is loaded, not to tokenizer objects"
+            )
+        tokenizer = load_tokenizer(tokenizer, tokenizer_kwargs)
+        draft_tokenizer = load_tokenizer(draft_tokenizer, tokenizer_kwargs, "draft_tokenizer")
+
+        self.target, loaded_tok = load_model(target, options)
         self.tokenizer = tokenizer or loaded_tok
         if self.tokenizer is None:
             raise RapidInputError("no tokenizer found for the target model; pass tokenizer=")
-        if draft is None or draft is target:
+        if self_draft:
             self.draft, draft_tok = self.target, None
         else:
-            self.draft, draft_tok = load_model(draft, device=draft_device or device, dtype=dtype)
+            self.draft, draft_tok = load_model(draft, draft_options)
         if draft_precision is not None:
             self.draft = lower_precision_copy(self.draft, draft_precision)
         for model in {id(m): m for m in (self.target, self.draft)}.values():
@@ -126,7 +170,6 @@ class RapidEngine:
         self.vocab_size = _shared_vocab(
             self.tokenizer, self.target, self.draft, draft_tokenizer or draft_tok
         )
-        self.config = config or RapidConfig()
         self.retriever = retriever
         self.prefix_cache = PrefixCache()
         configs = {
@@ -142,11 +185,33 @@ class RapidEngine:
         retriever: Any = None,
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
-        **config: Any,
+        model_kwargs: dict[str, Any] | None = None,
+        **options: Any,
     ) -> RapidEngine:
-        """An engine on the embedded SmolLM2-135M-Instruct (self-speculation unless `draft`)."""
-        model, tokenizer = load_default(device=device, dtype=dtype)
-        return cls(model, draft, tokenizer, RapidConfig().replace(**config), retriever=retriever)
+        """An engine on the embedded SmolLM2-135M-Instruct (self-speculation unless `draft`).
+
+        `options` are `RapidConfig` fields, plus the constructor's draft_device,
+        draft_precision and draft_model_kwargs; all are checked before the model loads."""
+        engine_args = {k: options.pop(k) for k in _DRAFT_OPTIONS if k in options}
+        config, _, _ = _check_arguments(
+            draft is None,
+            options,
+            device=device,
+            dtype=dtype,
+            model_kwargs=model_kwargs,
+            **engine_args,
+        )
+        model, tokenizer = load_default(device, dtype, model_kwargs)
+        return cls(
+            model,
+            draft,
+            tokenizer,
+            config,
+            retriever=retriever,
+            device=device,
+            dtype=dtype,
+            **engine_args,
+        )
 
     @property
     def model_name(self) -> str:
@@ -155,7 +220,7 @@ class RapidEngine:
     @property
     def context_window(self) -> int:
         """The target's window in tokens (prompt and generated tokens together)."""
-        return _window(self.target)
+        return config_window(self.target.config)
 
     def count_tokens(self, prompt: Prompt) -> int:
         """Tokens the target would read for `prompt`."""
@@ -219,15 +284,18 @@ class RapidEngine:
         self, plan: _Plan, stats: RapidStats, start: float
     ) -> Generator[str, None, RapidOutput]:
         cfg = plan.cfg
-        gen = torch.Generator(plan.main.device).manual_seed(stats.seed)
+        # Sampling and the verdict run where the deciding model's logits come out.
+        gen = torch.Generator(logits_device(plan.main)).manual_seed(stats.seed)
         limit = min(cfg.max_new_tokens, plan.window - len(plan.ids))
         target = self._start(plan.main, plan.ids, limit, cfg)
         stats.cached_prefix_tokens = target.reused_tokens
         proposer = None
         if plan.draft_ids is not None:
-            same = self.draft.device == plan.main.device
+            draft_at = logits_device(self.draft)
             draft_gen = (
-                gen if same else torch.Generator(self.draft.device).manual_seed(stats.seed + 1)
+                gen
+                if draft_at == gen.device
+                else torch.Generator(draft_at).manual_seed(stats.seed + 1)
             )
             draft = self._start(self.draft, plan.draft_ids, limit, cfg)
             stats.draft_cached_prefix_tokens = draft.reused_tokens
@@ -241,7 +309,7 @@ class RapidEngine:
         detok = Detokenizer(self.tokenizer, cfg.stop)
         eos = frozenset() if cfg.ignore_eos else self.eos_token_ids
         guarded = cfg.end_guard and eos and cfg.eta > 0
-        end_ids = torch.tensor(sorted(eos), device=plan.main.device) if guarded else None
+        end_ids = torch.tensor(sorted(eos), device=gen.device) if guarded else None
         steps = speculate(
             target, proposer, cfg, gen, lambda: limit - len(detok.ids), stats, end_ids
         )
@@ -308,8 +376,8 @@ class RapidEngine:
         stats.target_context_tokens = len(ids)
         stats.draft_context_tokens = len(draft_ids or ())
         if mode == "rag":
-            return _Plan(self.draft, draft_ids, _window(self.draft), None, cfg), stats
-        return _Plan(self.target, ids, _window(self.target), draft_ids, cfg), stats
+            return _Plan(self.draft, draft_ids, config_window(self.draft.config), None, cfg), stats
+        return _Plan(self.target, ids, config_window(self.target.config), draft_ids, cfg), stats
 
     def _retrieve(
         self,
@@ -336,7 +404,7 @@ class RapidEngine:
 
     def _fit(self, ids: list[int], model: PreTrainedModel, cfg: RapidConfig) -> list[int]:
         """Enforce the model's window: raise, or keep head and tail under truncation='head_tail'."""
-        window = _window(model)
+        window = config_window(model.config)
         if len(ids) < window:
             return ids
         if cfg.truncation == "error":
@@ -380,8 +448,58 @@ def _out_of_memory_advice(exc: Exception, plan: _Plan) -> str:
     )
 
 
-def _window(model: PreTrainedModel) -> int:
-    return int(getattr(model.config, "max_position_embeddings", 0) or 2**31)
+def _check_arguments(
+    self_draft: bool,
+    config: RapidConfig | Mapping[str, Any] | None,
+    *,
+    device: str | torch.device | None = None,
+    draft_device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    draft_precision: str | None = None,
+    model_kwargs: Mapping[str, Any] | None = None,
+    draft_model_kwargs: Mapping[str, Any] | None = None,
+    tokenizer_kwargs: Mapping[str, Any] | None = None,
+) -> tuple[RapidConfig, LoadOptions, LoadOptions]:
+    """The engine's config and the target's and draft's load options, every constructor
+    argument checked before anything loads (`RapidConfigError` naming the argument).
+    `config` is a `RapidConfig` or a dict of its fields."""
+    if config is not None and not isinstance(config, (RapidConfig, Mapping)):
+        raise RapidConfigError(
+            "config", f"must be a RapidConfig or a dict of its fields, got {config!r}"
+        )
+    if not isinstance(config, RapidConfig):
+        config = RapidConfig().replace(**(config or {}))
+    options = LoadOptions.check(device, dtype, model_kwargs, tokenizer_kwargs)
+    draft_options = LoadOptions.check(
+        draft_device, dtype, draft_model_kwargs, prefix="draft_", default_device=device
+    )
+    if self_draft and draft_options.model_kwargs:
+        raise RapidConfigError(
+            "draft_model_kwargs", "apply only when the draft is loaded from a folder or hub id"
+        )
+    if draft_precision is not None:
+        check_choice("draft_precision", draft_precision, DRAFT_PRECISIONS)
+        if (options if self_draft else draft_options).places_model:
+            raise RapidConfigError(
+                "draft_precision",
+                "cannot copy a device-mapped or quantized model; quantize the draft with "
+                "draft_model_kwargs instead",
+            )
+    return config, options, draft_options
+
+
+def logits_device(model: PreTrainedModel) -> torch.device:
+    """Where `model`'s logits come out: under a multi-device map (accelerate hooks) the output
+    head's execution device, which need not be `model.device` (the first weight's); else the
+    head's weight device."""
+    head = model.get_output_embeddings()
+    hooked = getattr(getattr(head, "_hf_hook", None), "execution_device", None)
+    if hooked is not None:
+        return torch.device(hooked)
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.device.type != "meta":
+        return weight.device
+    return model.device
 
 
 def _width(model: PreTrainedModel) -> int:

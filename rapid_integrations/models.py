@@ -11,10 +11,13 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import ModelNotFoundError
+from .config import DRAFT_PRECISIONS, DTYPES, check_choice, one_of
+from .errors import ModelNotFoundError, RapidConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -83,7 +86,7 @@ def ensure_default_model(progress: bool = True) -> Path:
 
 
 def _load_gguf(
-    path: Path, progress: bool = True
+    path: Path, progress: bool = True, model_kwargs: Mapping[str, Any] | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -91,13 +94,36 @@ def _load_gguf(
     if not progress:
         hf_logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, **(model_kwargs or {})
+    )
     return model, tokenizer
+
+
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
+"""Short dtype names accepted beside `config.DTYPES`."""
+TOKENIZER_SHARED_KWARGS = (
+    "revision",
+    "trust_remote_code",
+    "token",
+    "cache_dir",
+    "local_files_only",
+)
+"""`model_kwargs` that also pick the tokenizer saved with the model (the same files)."""
+
+
+def check_dtype(dtype: object, name: str = "dtype") -> None:
+    """Raise `RapidConfigError(name)` unless `dtype` is None, a torch dtype or a known name."""
+    known = isinstance(dtype, str) and (dtype in DTYPES or dtype in DTYPE_ALIASES)
+    # A torch.dtype, recognized without importing torch (adapters check before loading it).
+    is_torch_dtype = type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype"
+    if not (dtype is None or known or is_torch_dtype):
+        raise RapidConfigError(name, f"{one_of(DTYPES)} (or a torch.dtype), got {dtype!r}")
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -> torch.dtype:
     """ "auto" / None: bfloat16 on CUDA and on CPUs with native bf16 (AVX512-BF16 / AMX), else
-    float32. Names like "bf16" are accepted.
+    float32. Names like "bf16" are accepted (`DTYPE_ALIASES`).
 
     Measured on a 2-core AVX512-BF16 machine, SmolLM2-135M at 8K tokens with this package's
     decode attention: one decode pass 54 ms in bf16 vs 62 ms in fp32, a 9-token verify pass
@@ -105,6 +131,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -
     """
     import torch
 
+    check_dtype(dtype)
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
@@ -113,38 +140,132 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -
             device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
         )
         return torch.bfloat16 if fast_bf16 else torch.float32
-    names = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
-    resolved = getattr(torch, names.get(dtype, dtype), None)
-    if not isinstance(resolved, torch.dtype):
-        raise ModelNotFoundError(f"unknown dtype {dtype!r}; use bfloat16, float16 or float32")
-    return resolved
+    return getattr(torch, DTYPE_ALIASES.get(dtype, dtype))
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load one model from a folder, GGUF file or hub id, checked before any loading.
+
+    device: where to put a model that is not device-mapped or quantized (default: CUDA when
+    available, else CPU); dtype: a `config.DTYPES` name or torch dtype; model_kwargs: passed
+    to `from_pretrained` (device_map, quantization_config, attn_implementation,
+    trust_remote_code, revision, dtype, ...); tokenizer_kwargs: passed to
+    `AutoTokenizer.from_pretrained` when the tokenizer saved with the model is loaded.
+    """
+
+    device: str | torch.device | None = None
+    dtype: str | torch.dtype | None = None
+    model_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    tokenizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    prefix: str = ""  # "draft_" for the draft's options: errors name the engine argument
+
+    @classmethod
+    def check(
+        cls,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        model_kwargs: Mapping[str, Any] | None = None,
+        tokenizer_kwargs: Mapping[str, Any] | None = None,
+        *,
+        prefix: str = "",
+        default_device: str | torch.device | None = None,
+    ) -> LoadOptions:
+        """Validated options; errors name the engine argument (`prefix` + name, e.g.
+        "draft_model_kwargs"). `default_device` applies when neither `device` nor a
+        device_map is given (the draft defaults to the target's device)."""
+        for name, value in (("model_kwargs", model_kwargs), ("tokenizer_kwargs", tokenizer_kwargs)):
+            if value is not None and not (
+                isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
+            ):
+                raise RapidConfigError(
+                    prefix + name, f"must be a dict of keyword arguments, got {value!r}"
+                )
+        model_kwargs = dict(model_kwargs or {})
+        check_dtype(dtype)
+        if "torch_dtype" in model_kwargs:  # the name before transformers 5
+            model_kwargs["dtype"] = model_kwargs.pop("torch_dtype")
+        if dtype is not None and "dtype" in model_kwargs:
+            raise RapidConfigError(
+                prefix + "model_kwargs", "gives dtype, and so does the dtype argument: give one"
+            )
+        if "device_map" in model_kwargs:
+            if device is not None:
+                raise RapidConfigError(
+                    prefix + "model_kwargs",
+                    f"gives device_map, and the {prefix}device argument places the model too: "
+                    "give one",
+                )
+        elif device is None:
+            device = default_device
+        return cls(device, dtype, model_kwargs, dict(tokenizer_kwargs or {}), prefix)
+
+    @property
+    def places_model(self) -> bool:
+        """Whether `from_pretrained` places the model itself (device_map) or quantizes it."""
+        keys = {"device_map", "quantization_config", "load_in_4bit", "load_in_8bit"}
+        return bool(keys & self.model_kwargs.keys())
+
+    def from_pretrained_kwargs(self, device: torch.device) -> dict[str, Any]:
+        """`model_kwargs`, with the dtype resolved unless they give their own."""
+        kwargs = dict(self.model_kwargs)
+        kwargs.setdefault("dtype", resolve_dtype(self.dtype, device))
+        return kwargs
+
+    def saved_tokenizer_kwargs(self) -> dict[str, Any]:
+        """`tokenizer_kwargs`, plus the `model_kwargs` that choose which files are read
+        (`TOKENIZER_SHARED_KWARGS`: the tokenizer of the same revision)."""
+        shared = {
+            k: self.model_kwargs[k] for k in TOKENIZER_SHARED_KWARGS if k in self.model_kwargs
+        }
+        return {**shared, **self.tokenizer_kwargs}
+
+
+def places_itself(model: Any) -> bool:
+    """Whether `model` must not be `.to()`-moved or cast: dispatched over devices by a device
+    map (accelerate hooks), or quantized (4/8-bit weights cannot be moved or cast)."""
+    config = getattr(model, "config", None)
+    return bool(
+        getattr(model, "hf_device_map", None)
+        or getattr(model, "hf_quantizer", None) is not None
+        or getattr(model, "is_quantized", False) is True
+        or getattr(config, "quantization_config", None) is not None
+    )
 
 
 def load_model(
-    spec: Any,
-    *,
-    device: str | torch.device | None = None,
-    dtype: str | torch.dtype | None = None,
+    spec: Any, options: LoadOptions | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
     """Load a causal LM from a model object, a local folder, a GGUF file or a hub id.
 
-    Returns `(model, tokenizer)`; the tokenizer is None when `spec` is a model object whose
-    tokenizer cannot be found. The model is put in eval mode on `device` (default: CUDA when
-    available, else CPU). Objects are used as given (never copied or moved).
+    Returns `(model, tokenizer)`; the tokenizer is None when none is saved with the model. A
+    loaded model is put in eval mode on `options.device` (default: CUDA when available, else
+    CPU) unless `options.model_kwargs` give a device_map or it came out quantized: those stay
+    where `from_pretrained` put them. Objects are used as given (never copied or moved).
     """
     from transformers import PreTrainedModel
 
+    options = options or LoadOptions()
     if isinstance(spec, PreTrainedModel):
-        return spec.eval(), _tokenizer_for(spec)
+        if options.model_kwargs:
+            raise RapidConfigError(
+                options.prefix + "model_kwargs",
+                "apply when a model is loaded from a folder or hub id, not to a model object",
+            )
+        return spec.eval(), _tokenizer_for(spec, options)
     import torch
 
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    kwargs = options.from_pretrained_kwargs(device)
     path = Path(str(spec)).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelNotFoundError(f"GGUF file not found: {path}")
-        model, tokenizer = _load_gguf(path)
-        model = model.to(device=device, dtype=resolve_dtype(dtype, device))
+        dtype = kwargs.pop("dtype")
+        model, tokenizer = _load_gguf(path, model_kwargs=kwargs)
+        # GGUF weights are de-quantized on load: plain tensors that can be moved and cast.
+        if "device_map" not in kwargs:
+            model = model.to(device=device, dtype=dtype)
         return model.eval(), tokenizer
     from transformers import AutoModelForCausalLM
 
@@ -152,24 +273,40 @@ def load_model(
         raise ModelNotFoundError(f"model folder not found: {path}")
     source = str(path) if path.is_dir() else str(spec)
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=resolve_dtype(dtype, device))
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except OSError as exc:
         raise ModelNotFoundError(
             f"could not load model {spec!r}: {exc}. Pass a local folder, a .gguf file or a "
             "transformers model object; hub ids need network access to the Hugging Face hub."
         ) from exc
-    return model.to(device).eval(), _saved_tokenizer(source)
+    if "device_map" not in kwargs and not places_itself(model):
+        model = model.to(device)
+    return model.eval(), _saved_tokenizer(source, options.saved_tokenizer_kwargs())
 
 
-DRAFT_PRECISIONS = ("bfloat16", "float16", "float32", "int8", "int8-weight")
-"""Choices of `RapidEngine(draft_precision=...)` (dtype aliases such as "bf16" also work)."""
+def load_tokenizer(
+    spec: Any, kwargs: Mapping[str, Any] | None = None, name: str = "tokenizer"
+) -> Any:
+    """`spec` as given when it is a tokenizer object (or None); loaded with
+    `AutoTokenizer.from_pretrained(spec, **kwargs)` when it is a folder or hub id."""
+    if not isinstance(spec, (str, os.PathLike)):
+        return spec
+    from transformers import AutoTokenizer
+
+    folder = Path(spec).expanduser()
+    try:
+        return AutoTokenizer.from_pretrained(
+            str(folder) if folder.is_dir() else str(spec), **(kwargs or {})
+        )
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(f"could not load the {name} {str(spec)!r}: {exc}") from exc
 
 
 def lower_precision_copy(model: PreTrainedModel, precision: str) -> PreTrainedModel:
     """A cheaper copy of `model` to draft with. Only the target's verdict decides what is
     emitted, so a less precise draft costs acceptance, never exactness.
 
-    "bfloat16" / "float16" / "float32": a cast. "int8-weight": weight-only int8 (torchao,
+    "bfloat16" / "float16": a cast. "int8-weight": weight-only int8 (torchao,
     per-output-channel scales) on every Linear but the output head; activations, embeddings
     and the head keep the model's dtype. "int8": torch's dynamic quantization of every Linear
     (CPU), which also quantizes activations to int8 with one scale per tensor: measured on
@@ -181,6 +318,13 @@ def lower_precision_copy(model: PreTrainedModel, precision: str) -> PreTrainedMo
 
     import torch
 
+    check_choice("draft_precision", precision, DRAFT_PRECISIONS)
+    if places_itself(model):
+        raise RapidConfigError(
+            "draft_precision",
+            "a quantized or device-mapped model cannot be copied into another precision; load "
+            "the draft with its own quantization_config or dtype in draft_model_kwargs",
+        )
     clone = copy.deepcopy(model)
     if precision == "int8-weight":
         return _int8_weight_only(clone).eval()
@@ -198,8 +342,6 @@ def _int8_weight_only(model: PreTrainedModel) -> PreTrainedModel:
     import logging
 
     import torch
-
-    from .errors import RapidConfigError
 
     # torchao logs every optional GPU kernel it cannot load; none is used on this path.
     logger = logging.getLogger("torchao")
@@ -223,29 +365,67 @@ def _int8_weight_only(model: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
-def _tokenizer_for(model: PreTrainedModel) -> PreTrainedTokenizerBase | None:
+def _tokenizer_for(model: PreTrainedModel, options: LoadOptions) -> PreTrainedTokenizerBase | None:
     name = getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", "")
     if not name or not Path(name).is_dir():
         return None
-    return _saved_tokenizer(name)
+    return _saved_tokenizer(name, options.saved_tokenizer_kwargs())
 
 
-def _saved_tokenizer(source: str) -> PreTrainedTokenizerBase | None:
+def _saved_tokenizer(source: str, kwargs: Mapping[str, Any]) -> PreTrainedTokenizerBase | None:
     """The tokenizer saved with a model, or None: a draft folder often has none, and a target
     without one gets the engine's "pass tokenizer=" error rather than transformers' own."""
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(source)
+        return AutoTokenizer.from_pretrained(source, **kwargs)
     except (OSError, ValueError):
         return None
 
 
+def config_window(config: Any) -> int:
+    """The context window in tokens a transformers config declares (2**31 when it names none).
+
+    Multimodal configs keep it on their text config."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(getattr(text, "max_position_embeddings", 0) or 2**31)
+
+
+def context_window_of(spec: Any = None, model_kwargs: Mapping[str, Any] | None = None) -> int:
+    """A model's context window in tokens, read from its config without loading weights.
+
+    spec: None (the embedded default), a model object (anything with `.config`), a local
+    folder, a .gguf file, or a hub id (read with `model_kwargs`' revision / token /
+    trust_remote_code). Raises `ModelNotFoundError` when no config can be read.
+    """
+    if spec is not None and hasattr(spec, "config"):
+        return config_window(spec.config)
+    from transformers import AutoConfig
+
+    kwargs = {k: v for k, v in (model_kwargs or {}).items() if k in TOKENIZER_SHARED_KWARGS}
+    if spec is None:
+        folder = default_model_dir()
+        spec = folder if (folder / "config.json").is_file() else default_gguf_path()
+    path = Path(str(spec)).expanduser()
+    try:
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise ModelNotFoundError(f"GGUF file not found: {path}")
+            return config_window(AutoConfig.from_pretrained(path.parent, gguf_file=path.name))
+        source = str(path) if path.is_dir() else str(spec)
+        return config_window(AutoConfig.from_pretrained(source, **kwargs))
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(f"could not read the config of {str(spec)!r}: {exc}") from exc
+
+
 def load_default(
-    device: str | torch.device | None = None, dtype: str | torch.dtype | None = None
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    model_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The embedded SmolLM2-135M-Instruct as `(model, tokenizer)`, converting it on first use."""
-    model, tokenizer = load_model(ensure_default_model(), device=device, dtype=dtype)
+    options = LoadOptions.check(device, dtype, model_kwargs)
+    model, tokenizer = load_model(ensure_default_model(), options)
     assert tokenizer is not None  # the converted folder always holds its tokenizer
     return model, tokenizer
 

@@ -34,6 +34,16 @@ def draft(tok):
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A saved tiny Llama (float64, 512-token window; the `target` fixture's weights) with its
+    character tokenizer, for loading from a folder."""
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tiny_llama(len(char_tokenizer()), seed=1).save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def smol():
     """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, fp32."""
     from rapid_integrations.models import load_default
@@ -47,3 +57,20 @@ def smol_engine(smol):
 
     model, tokenizer = smol
     return RapidEngine(model, tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="session")
+def served_model_dir(tmp_path_factory):
+    """A tiny random Llama and its character tokenizer saved as a model folder (serve tests)."""
+    from tests.serve_fixtures import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def reference(served_model_dir):
+    """An in-process engine over `served_model_dir`: what the served answers must equal."""
+    from rapid_integrations import RapidEngine
+    from tests.serve_fixtures import DTYPE
+
+    return RapidEngine(str(served_model_dir), dtype=DTYPE, device="cpu")

@@ -17,7 +17,6 @@ from rapid_integrations.cli import (
     main,
 )
 from rapid_integrations.demo import ANSWER_KEYWORD, QUESTION, demo_document
-from tests.tiny import char_tokenizer, tiny_llama
 
 
 @pytest.fixture(autouse=True)
@@ -28,15 +27,6 @@ def _restore_progress_settings(monkeypatch):
     monkeypatch.setenv("TQDM_DISABLE", "1")
     yield
     hf_logging.enable_progress_bar()
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    """A saved tiny Llama (512-token window) with its character tokenizer."""
-    folder = tmp_path_factory.mktemp("tiny-model")
-    tiny_llama(len(char_tokenizer()), seed=1).save_pretrained(folder)
-    char_tokenizer().save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture

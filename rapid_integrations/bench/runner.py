@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from ..config import RapidConfig
 from ..engine import RapidEngine
 from ..errors import RapidConfigError
-from ..models import ensure_default_model, load_model, resolve_dtype
+from ..models import LoadOptions, ensure_default_model, load_model, resolve_dtype
 from ..prompts import prepare_draft_prompt
 from ..tokens import encode_prompt
 from .ceiling import VERIFY_TOKENS, StepCosts, ceiling, pass_seconds
@@ -307,14 +307,14 @@ def _qa_engine(
     fixed = settings.dtype not in ("auto", "")
     dtype = resolve_dtype(settings.dtype if fixed else "float32", device)
     if settings.tiny_models:
-        tokenizer = load_model(ensure_default_model(), device=device, dtype=dtype)[1]
+        tokenizer = load_model(ensure_default_model(), LoadOptions(device, dtype))[1]
         small, large = tiny_pair(len(tokenizer), 2 * max(settings.lengths + settings.speed_lengths))
         target, draft = large.to(device), small.to(device)
     else:
         spec = settings.model or ensure_default_model()
-        target, tokenizer = load_model(spec, device=device, dtype=dtype)
+        target, tokenizer = load_model(spec, LoadOptions(device, dtype))
         draft = (
-            load_model(settings.draft, device=device, dtype=dtype)[0] if settings.draft else None
+            load_model(settings.draft, LoadOptions(device, dtype))[0] if settings.draft else None
         )
     probe_seconds: dict[str, float] = {}
     if not fixed:

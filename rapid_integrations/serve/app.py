@@ -1,0 +1,279 @@
+"""The FastAPI app: OpenAI-compatible routes over one `RapidEngine`.
+
+    POST /v1/chat/completions   chat, streamed over SSE with stream=true
+    POST /v1/completions        plain-text prompts (or token ids)
+    GET  /v1/models             the served model
+    GET  /metrics               Prometheus text format
+    GET  /health                liveness; the only route open without the API key
+
+Each request takes a slot of the `SequenceQueue`, then decodes in a worker thread of its own
+(`aio.aiter_in_thread`). The engine plans the call before the response starts, so a bad
+prompt or option is an HTTP error, never a broken stream. A client that goes away (or a
+request past its timeout) closes its engine stream after at most the step in flight, which
+frees its KV caches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sse_starlette import EventSourceResponse
+
+from ..aio import aiter_in_thread
+from ..engine import RapidEngine
+from ..outputs import RapidOutput
+from .calls import (
+    FINISH_REASONS,
+    EngineCall,
+    chat_call,
+    chunk,
+    completion_call,
+    response,
+    usage_chunk,
+)
+from .collection import Collection
+from .errors import ServeError, classify, install_error_handlers
+from .metrics import Metrics, RequestCounter
+from .scheduler import Lease, SequenceQueue
+from .schemas import ChatCompletionRequest, CompletionRequest
+from .settings import ServeSettings, process_replica_id
+
+_T = TypeVar("_T")
+SSE_PING_SECONDS = 15
+"""Keep-alive comments on idle streams (a long prefill), so proxies do not drop them."""
+
+
+@dataclass
+class _Server:
+    """What the routes share: the engine, its queue and metrics, the served collections."""
+
+    engine: RapidEngine
+    settings: ServeSettings
+    collections: dict[str, Collection]
+    replica: str
+    metrics: Metrics = field(default_factory=Metrics)
+    queue: SequenceQueue = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.queue = SequenceQueue(
+            self.settings.max_running, self.settings.max_waiting, self.metrics.queue_changed
+        )
+
+
+def create_app(
+    engine: RapidEngine,
+    settings: ServeSettings | None = None,
+    *,
+    collections: dict[str, Collection] | None = None,
+    replica: str | None = None,
+) -> FastAPI:
+    """The OpenAI-compatible app over `engine`. `collections` default to loading
+    `settings.collections`; `replica` names this process in `usage.rapid.replica`."""
+    settings = settings or ServeSettings()
+    if collections is None:
+        collections = settings.load_collections(engine)
+    server = _Server(engine, settings, collections, replica or process_replica_id())
+    app = FastAPI(title="rapid serve", description="OpenAI-compatible RAPID server")
+    app.state.server = server
+    install_error_handlers(app)
+    app.add_middleware(RequestCounter, metrics=server.metrics)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok", "replica": server.replica}
+
+    router = APIRouter(dependencies=[Depends(_api_key_check(settings.api_key))])
+
+    @router.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": settings.served_model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "rapid-integrations",
+            "root": engine.model_name,
+            "max_model_len": engine.context_window,
+        }
+        return {"object": "list", "data": [card]}
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await _answer(server, chat_call(body, server.collections), request)
+
+    @router.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await _answer(server, completion_call(body, server.collections), request)
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(router)
+    return app
+
+
+def _api_key_check(key: str | None) -> Any:
+    """A dependency requiring `Authorization: Bearer <key>` (none when `key` is None)."""
+
+    async def check(authorization: str | None = Header(default=None)) -> None:
+        if key is None:
+            return
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(given.encode(), key.encode()):
+            raise ServeError(
+                401,
+                "invalid or missing API key: send the header 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+            )
+
+    return check
+
+
+async def _answer(server: _Server, call: EngineCall, request: Request) -> Response:
+    """Queue, plan and run `call`; a streamed or a whole response."""
+    if call.model != server.settings.served_model_name:
+        raise ServeError(
+            404,
+            f"model {call.model!r} not found; this server serves {server.settings.served_model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
+    run = _Run(server, call, time.perf_counter())
+    lease = await server.queue.enter(run.seconds_left())
+    events = aiter_in_thread(lambda: _decode(server, call))
+    try:
+        await run.within_deadline(anext(events))  # the engine's plan: bad input raises here
+    except BaseException:
+        await events.aclose()
+        lease.release()
+        raise
+    run.start(events, lease)
+    if call.stream:
+        return EventSourceResponse(run.sse(), ping=SSE_PING_SECONDS)
+    body = await _unless_disconnected(request, run.whole())
+    return JSONResponse(body) if body is not None else Response(status_code=499)
+
+
+def _decode(server: _Server, call: EngineCall) -> Iterator[str | RapidOutput | None]:
+    """Worker thread: None once the call is planned, then text deltas, then the output.
+    Closing it (the consumer left) closes the engine stream, freeing its caches."""
+    server.metrics.open_streams.inc()
+    try:
+        engine = server.engine
+        with engine.stream(call.prompt, call.draft_prompt, call.mode, **call.overrides) as stream:
+            yield None
+            yield from stream
+            yield stream.output
+    finally:
+        server.metrics.open_streams.dec()
+
+
+class _Run:
+    """One admitted request: its events, its slot, its deadline and its metrics."""
+
+    def __init__(self, server: _Server, call: EngineCall, arrived: float) -> None:
+        self.server = server
+        self.call = call
+        self.arrived = arrived
+        self.deadline = arrived + server.settings.request_timeout
+        self.events: AsyncGenerator[Any, None] | None = None
+        self.lease: Lease | None = None
+
+    def seconds_left(self) -> float:
+        return max(0.0, self.deadline - time.perf_counter())
+
+    async def within_deadline(self, step: Awaitable[_T]) -> _T:
+        try:
+            return await asyncio.wait_for(step, self.seconds_left())
+        except asyncio.TimeoutError:
+            raise classify(TimeoutError()) from None
+
+    def start(self, events: AsyncGenerator[Any, None], lease: Lease) -> None:
+        self.events, self.lease = events, lease
+
+    async def deltas(self) -> AsyncIterator[str | RapidOutput]:
+        """Text deltas, then the `RapidOutput`; the slot and the stream are released at the end
+        however it ends (done, failed, timed out, cancelled by a disconnect)."""
+        assert self.events is not None and self.lease is not None
+        metrics = self.server.metrics
+        first = True
+        try:
+            while True:
+                item = await self.within_deadline(anext(self.events))
+                if first:
+                    metrics.time_to_first_token.observe(time.perf_counter() - self.arrived)
+                    first = False
+                yield item
+                if isinstance(item, RapidOutput):
+                    metrics.finished(item, time.perf_counter() - self.arrived)
+                    return
+        finally:
+            await self.events.aclose()
+            self.lease.release()
+
+    async def whole(self) -> dict[str, Any]:
+        output = None
+        async for item in self.deltas():
+            output = item
+        assert isinstance(output, RapidOutput)
+        return response(self.call, output, self.server.replica)
+
+    async def sse(self) -> AsyncIterator[str]:
+        """Server-sent events: the chunks, then `[DONE]`; an error mid-stream is one event in
+        the OpenAI error shape (the SDK raises it), and the stream ends."""
+        call = self.call
+        try:
+            if call.kind == "chat":
+                yield _json(chunk(call, role=True))
+            async for item in self.deltas():
+                if isinstance(item, str):
+                    yield _json(chunk(call, item))
+                else:
+                    yield _json(chunk(call, finish=_finish_reason(item)))
+                    if call.include_usage:
+                        yield _json(usage_chunk(call, item, self.server.replica))
+            yield "[DONE]"
+        except Exception as exc:
+            yield _json(classify(exc).body())
+
+
+def _finish_reason(output: RapidOutput) -> str:
+    return FINISH_REASONS[output.finish_reason]
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[_T]) -> _T | None:
+    """`await work`, cancelled (and None returned) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return None
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body was already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,225 @@
+"""A request -> one engine call (`EngineCall`); an engine output -> OpenAI response objects.
+
+Finish reasons: the engine's "eos" and "stop" are OpenAI's "stop", "length" stays "length".
+`usage` carries the call's `RapidStats` under the extension field `usage.rapid` (plus the
+replica that served it), in every response and in the last chunk of a stream that asked for
+usage (`stream_options.include_usage`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..outputs import RapidOutput
+from ..tokens import Prompt
+from .collection import Collection
+from .errors import ServeError, unsupported
+from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, _Request
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "tool_calls": "tool_calls"}
+
+
+@dataclass(frozen=True)
+class EngineCall:
+    """One `engine.stream(prompt, draft_prompt, mode, **overrides)` call, and how to answer it."""
+
+    kind: str  # "chat" or "text"
+    prompt: Prompt
+    draft_prompt: Prompt | None
+    mode: str
+    overrides: dict[str, Any]
+    stream: bool
+    include_usage: bool
+    model: str
+    id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def chat_call(request: ChatCompletionRequest, collections: Mapping[str, Collection]) -> EngineCall:
+    """The engine call of a chat completion request; raises `ServeError` for what is refused."""
+    if request.logprobs or request.top_logprobs:
+        raise unsupported("logprobs", "log probabilities are not returned by this server")
+    for name in ("tools", "tool_choice", "response_format"):
+        if getattr(request, name) is not None:
+            raise unsupported(name, "not supported yet by this server")
+    messages = [_message(m, i) for i, m in enumerate(request.messages)]
+    draft = request.draft_prompt
+    draft_prompt = (
+        [_message(m, i) for i, m in enumerate(draft)] if isinstance(draft, list) else draft
+    )
+    overrides = _overrides(request, request.max_completion_tokens or request.max_tokens)
+    collection = _collection(request, collections, overrides)
+    prompt = collection.messages(messages) if collection else messages
+    return _call("chat", request, prompt, draft_prompt, overrides)
+
+
+def completion_call(
+    request: CompletionRequest, collections: Mapping[str, Collection]
+) -> EngineCall:
+    """The engine call of a (legacy) completion request."""
+    if request.echo:
+        raise unsupported("echo", "echoing the prompt is not supported")
+    if request.suffix:
+        raise unsupported("suffix", "insertion (suffix) is not supported")
+    if request.best_of not in (None, 1):
+        raise unsupported("best_of", "only best_of=1 is supported")
+    if request.logprobs:
+        raise unsupported("logprobs", "log probabilities are not returned by this server")
+    prompt: Prompt = request.prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) != 1:
+            raise unsupported("prompt", "one prompt per request (a list of one string at most)")
+        prompt = prompt[0]
+    overrides = _overrides(request, request.max_tokens)
+    collection = _collection(request, collections, overrides)
+    if collection:
+        if not isinstance(prompt, str):
+            raise unsupported("prompt", "a collection needs a string prompt")
+        prompt = collection.prompt(prompt)
+    draft = request.draft_prompt
+    if isinstance(draft, list):
+        raise ServeError(
+            422, "draft_prompt: must be a string for /v1/completions", param="draft_prompt"
+        )
+    return _call("text", request, prompt, draft, overrides)
+
+
+def _call(
+    kind: str,
+    request: _Request,
+    prompt: Prompt,
+    draft_prompt: Prompt | None,
+    overrides: dict[str, Any],
+) -> EngineCall:
+    options = request.stream_options
+    return EngineCall(
+        kind=kind,
+        prompt=prompt,
+        draft_prompt=draft_prompt,
+        mode=request.mode or "rapid",
+        overrides=overrides,
+        stream=bool(request.stream),
+        include_usage=bool(options and options.include_usage),
+        model=request.model,
+    )
+
+
+def _overrides(request: _Request, max_tokens: int | None) -> dict[str, Any]:
+    """`RapidConfig` overrides of the call (values are checked by the engine)."""
+    if request.n not in (None, 1):
+        raise unsupported("n", f"only n=1 is supported (one sequence per request), got {request.n}")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(request, name):
+            raise unsupported(name, "penalties are not supported (send 0 or omit it)")
+    if request.logit_bias:
+        raise unsupported("logit_bias", "logit_bias is not supported")
+    openai = {
+        "max_new_tokens": max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "stop": request.stop,
+        "seed": request.seed,
+        "query": request.query,
+    }
+    return {k: v for k, v in openai.items() if v is not None} | request.rapid_options()
+
+
+def _collection(
+    request: _Request, collections: Mapping[str, Collection], overrides: dict[str, Any]
+) -> Collection | None:
+    """The collection the request names (its retriever goes into `overrides`), or None."""
+    if request.collection is None:
+        return None
+    found = collections.get(request.collection)
+    if found is None:
+        known = ", ".join(sorted(collections)) or "none"
+        raise ServeError(
+            404,
+            f"collection {request.collection!r} not found; this server has: {known}",
+            param="collection",
+            code="collection_not_found",
+        )
+    overrides["retriever"] = found.retriever
+    return found
+
+
+def _message(message: ChatMessage, index: int) -> dict[str, Any]:
+    """A chat message as the engine takes it: content flattened to one string."""
+    content = message.content
+    if isinstance(content, list):
+        if any(part.type != "text" or part.text is None for part in content):
+            raise unsupported(f"messages.{index}.content", "only text content parts are supported")
+        content = "".join(part.text or "" for part in content)
+    out: dict[str, Any] = {"role": message.role, "content": content or ""}
+    for name in ("name", "tool_calls", "tool_call_id"):
+        if getattr(message, name) is not None:
+            out[name] = getattr(message, name)
+    return out
+
+
+# ---- responses ------------------------------------------------------------------------------
+
+
+def usage(output: RapidOutput, replica: str) -> dict[str, Any]:
+    """OpenAI usage counts plus the extension field `rapid`: the call's stats and replica."""
+    prompt, completion = output.prompt_tokens, len(output.token_ids)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "rapid": {**output.stats.to_dict(), "replica": replica},
+    }
+
+
+def response(call: EngineCall, output: RapidOutput, replica: str) -> dict[str, Any]:
+    """The whole (non-streamed) response object."""
+    finish = FINISH_REASONS[output.finish_reason]
+    if call.kind == "chat":
+        message = {"role": "assistant", "content": output.text}
+        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": output.text, "finish_reason": finish, "logprobs": None}
+        obj = "text_completion"
+    return {
+        "id": call.id,
+        "object": obj,
+        "created": call.created,
+        "model": call.model,
+        "choices": [choice],
+        "usage": usage(output, replica),
+    }
+
+
+def chunk(
+    call: EngineCall, text: str | None = None, finish: str | None = None, *, role: bool = False
+) -> dict[str, Any]:
+    """One streamed chunk: a text delta, the opening role (chat), or the finish reason."""
+    if call.kind == "chat":
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+        if text is not None:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        obj = "text_completion"
+    out = {
+        "id": call.id,
+        "object": obj,
+        "created": call.created,
+        "model": call.model,
+        "choices": [choice],
+    }
+    if call.include_usage:
+        out["usage"] = None
+    return out
+
+
+def usage_chunk(call: EngineCall, output: RapidOutput, replica: str) -> dict[str, Any]:
+    """The last chunk of a stream with `include_usage`: no choices, the usage."""
+    return {**chunk(call), "choices": [], "usage": usage(output, replica)}

@@ -1,0 +1,129 @@
+"""The OpenAI error shape, and the HTTP status each failure gets.
+
+Every error body is `{"error": {"message", "type", "param", "code"}}` (what the `openai` SDK
+parses into `APIStatusError`). Statuses: 400 a malformed request (bad JSON, an unknown field,
+an unsupported option, an unusable prompt); 401 a missing or wrong API key; 404 an unknown
+model, collection or route; 413 a prompt over the model's window; 422 a well-formed request
+with an invalid value (names the field in `param`); 429 the queue is full (with `Retry-After`);
+503 out of memory or shutting down; 504 the request timed out; 500 anything else.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from ..errors import (
+    ContextWindowExceededError,
+    DeviceOutOfMemoryError,
+    RapidConfigError,
+    RapidError,
+    RapidInputError,
+)
+
+log = logging.getLogger("rapid.serve")
+
+
+class ServeError(Exception):
+    """A failure with its HTTP status and OpenAI error fields."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def unsupported(param: str, message: str) -> ServeError:
+    """400 for an OpenAI option this server does not implement (or a value of it)."""
+    return ServeError(400, f"{param}: {message}", param=param, code="unsupported_parameter")
+
+
+def classify(exc: BaseException) -> ServeError:
+    """The `ServeError` an exception raised while serving a request answers with."""
+    if isinstance(exc, ServeError):
+        return exc
+    if isinstance(exc, ContextWindowExceededError):
+        return ServeError(413, str(exc), code="context_length_exceeded")
+    if isinstance(exc, RapidConfigError):
+        return ServeError(422, str(exc), param=exc.field, code="invalid_value")
+    if isinstance(exc, RapidInputError) or (
+        isinstance(exc, RapidError) and isinstance(exc, ValueError)
+    ):
+        return ServeError(400, str(exc), code="invalid_request")
+    if isinstance(exc, DeviceOutOfMemoryError):
+        return ServeError(503, str(exc), type="server_error", code="out_of_memory")
+    if isinstance(exc, TimeoutError):
+        return timed_out()
+    log.error("request failed", exc_info=exc)
+    return ServeError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+
+
+def timed_out() -> ServeError:
+    return ServeError(504, "the request timed out", type="timeout_error", code="request_timeout")
+
+
+def _validation_error(exc: RequestValidationError) -> ServeError:
+    """FastAPI's body validation errors: unparsable JSON is 400, a bad value 422."""
+    first = exc.errors()[0]
+    if first.get("type") in ("json_invalid", "model_attributes_type") or first["loc"] == ("body",):
+        detail = first.get("ctx", {}).get("error") or first.get("msg", "")
+        return ServeError(
+            400, f"the request body is not a JSON object: {detail}", code="invalid_json"
+        )
+    param = ".".join(str(part) for part in first["loc"][1:]) or None
+    return ServeError(422, f"{param}: {first['msg']}", param=param, code="invalid_value")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every failure in the OpenAI error shape."""
+
+    async def serve_error(request: Request, exc: Exception) -> JSONResponse:
+        return classify(exc).response()
+
+    async def validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return _validation_error(exc).response()
+
+    async def http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, HTTPException)
+        code = "not_found" if exc.status_code == 404 else None
+        error = ServeError(exc.status_code, str(exc.detail), code=code, headers=exc.headers)
+        return error.response()
+
+    app.add_exception_handler(RequestValidationError, validation)
+    app.add_exception_handler(HTTPException, http)
+    # ServeError and RapidError are answered here; any other exception is answered the same
+    # way by Starlette's outermost middleware, which then re-raises it for the server's log.
+    for kind in (ServeError, RapidError, Exception):
+        app.add_exception_handler(kind, serve_error)

@@ -1,0 +1,113 @@
+"""Request bodies of the OpenAI endpoints (pydantic), with the RAPID extension fields.
+
+Unknown top-level fields are collected (`extra="allow"`) and checked by `rapid_options`: the
+`RapidConfig` fields in `RAPID_OPTIONS` are accepted (what `extra_body={...}` sends from the
+`openai` SDK), anything else is a 400 naming it. Messages accept and ignore fields they do not
+use (clients add e.g. `refusal` or `name`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..config import RapidConfig
+from .errors import ServeError
+
+# RapidConfig fields an OpenAI field already sets (temperature, top_p, max_tokens, stop, seed)
+# or that only the server's operator may set (memory, timeouts, callables, the embedder).
+_OPENAI_NAMED = frozenset({"temperature", "top_p", "max_new_tokens", "stop", "seed"})
+_SERVER_ONLY = frozenset(
+    {
+        "query_fn",
+        "retrieval_embedder",
+        "prefix_cache_bytes",
+        "prefill_chunk_size",
+        "retrieval_timeout",
+    }
+)
+RAPID_OPTIONS = tuple(
+    f.name for f in dataclasses.fields(RapidConfig) if f.name not in _OPENAI_NAMED | _SERVER_ONLY
+)
+"""`RapidConfig` fields a request may set as extra top-level fields (e.g. eta, gamma)."""
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ContentPart(_Lenient):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Lenient):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class _Request(BaseModel):
+    """Fields shared by /v1/chat/completions and /v1/completions."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int | None = 1
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # RAPID extensions (besides RAPID_OPTIONS): how the draft's context C^S is built.
+    mode: str | None = None
+    draft_prompt: str | list[ChatMessage] | None = None
+    collection: str | None = None
+    query: str | None = None
+
+    def rapid_options(self) -> dict[str, Any]:
+        """The extra fields, which must be `RAPID_OPTIONS` (values checked by `RapidConfig`)."""
+        extra = dict(self.model_extra or {})
+        for name in extra:
+            if name not in RAPID_OPTIONS:
+                raise ServeError(
+                    400,
+                    f"Unrecognized request argument supplied: {name}. RAPID options accepted as "
+                    f"extra fields: {', '.join(RAPID_OPTIONS)}",
+                    param=name,
+                    code="unknown_parameter",
+                )
+        return extra
+
+
+class ChatCompletionRequest(_Request):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str] | list[int]
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = None

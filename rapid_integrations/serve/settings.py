@@ -1,0 +1,63 @@
+"""What a server (or each Ray replica) is started with, and loading its engine and collections."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..engine import RapidEngine
+    from .collection import Collection
+
+API_KEY_ENV = "RAPID_API_KEY"
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Server settings (plain data: a Ray replica receives a pickled copy).
+
+    model / draft / device / dtype: as `rapid ask` takes them (None model: the embedded
+    SmolLM2); served_model_name: the id clients pass as `model`; max_running: sequences decoded
+    at once; max_waiting: requests that may wait for a slot (more get 429); request_timeout:
+    seconds from arrival to the last token (504 after); api_key: required as `Authorization:
+    Bearer KEY` on every route but /health (None: open); collections: (name, path) pairs.
+    """
+
+    model: str | None = None
+    draft: str | None = None
+    device: str | None = None
+    dtype: str = "auto"
+    served_model_name: str = "rapid"
+    max_running: int = 4
+    max_waiting: int = 64
+    request_timeout: float = 600.0
+    api_key: str | None = None
+    collections: tuple[tuple[str, str], ...] = ()
+
+    def with_env_api_key(self) -> ServeSettings:
+        """These settings, with the API key from `RAPID_API_KEY` when none was given."""
+        from dataclasses import replace
+
+        return replace(self, api_key=self.api_key or os.environ.get(API_KEY_ENV) or None)
+
+    def load_engine(self) -> RapidEngine:
+        """The engine: `model` (a folder, GGUF or hub id), else the embedded SmolLM2."""
+        from ..engine import RapidEngine
+        from ..models import ensure_default_model
+
+        if self.model:
+            return RapidEngine(self.model, self.draft, device=self.device, dtype=self.dtype)
+        ensure_default_model(progress=False)
+        return RapidEngine.from_default(self.draft, device=self.device, dtype=self.dtype)
+
+    def load_collections(self, engine: RapidEngine) -> dict[str, Collection]:
+        from .collection import load_collection
+
+        return {name: load_collection(name, path, engine) for name, path in self.collections}
+
+
+def process_replica_id() -> str:
+    """This process's name in responses when not under Ray: host and process id."""
+    return f"{socket.gethostname()}:{os.getpid()}"
