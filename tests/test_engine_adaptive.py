@@ -206,6 +206,6 @@ def test_lookup_draft_with_eta_follows_the_one_hot_law(sampler, target, tok):
     onehot[x] = 1.0
     ph = p_hat(torch.log(p)[None], onehot[None], eta)[0]
     law = one_step_law(p, ph, onehot, "paper")
-    assert law[x] > p[x] + 0.05  # the copy is favoured: the test can tell this law from p
+    assert law[x] > 5 * p[x]  # the copy is favoured: the test can tell this law from p
     (counts,) = emitted(sampler, max_new_tokens=3, eta=eta, lookup_ngram=2, gamma=2)
     assert_follows(counts, law.numpy())
