@@ -145,7 +145,7 @@ def test_float32_model_matches_too():
         assert out.token_ids == reference_greedy(t, tok.encode(prompt), 16, len(tok))
 
 
-@pytest.mark.parametrize("precision", ["int8", "bfloat16"])
+@pytest.mark.parametrize("precision", ["int8", "int8-weight", "bfloat16"])
 def test_lower_precision_self_draft_keeps_the_identity(tok, precision):
     """A cheaper copy of the target drafts; only the target's verdict decides the output."""
     t = tiny_llama(len(tok), seed=21, dtype=torch.float32, scale=0.5)
