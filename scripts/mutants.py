@@ -39,7 +39,7 @@ ORACLE = "tests/test_verdict_oracle.py"
 DISTRIBUTION = "tests/test_engine_distribution.py"
 _SAMPLED_ROW = "dist = residual(p_n, ph[n], q[n], cfg.residual) if n < gamma else p_n"
 _ACCEPT = "n = accepted_count(x, ph.gather(1, idx)[:, 0], q.gather(1, idx)[:, 0], u)"
-_Q = "q = log_probs(logits[None], self._cfg.temperature, self._cfg.top_p)[0].exp()"
+_Q = "q = log_probs(logits[None], cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)[0].exp()"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -79,7 +79,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "temperature applied twice to the draft's q",
         "rapid_integrations/drafting.py",
         _Q,
-        _Q.replace("logits[None],", "logits[None] / self._cfg.temperature,"),
+        _Q.replace("logits[None],", "logits[None] / cfg.temperature,"),
         (DISTRIBUTION + "::test_proposer_q_is_the_drafts_own_filtered_distribution",),
     ),
     Mutant(
@@ -87,7 +87,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "top-p applied to p but not to q",
         "rapid_integrations/drafting.py",
         _Q,
-        _Q.replace("self._cfg.top_p)", "1.0)"),
+        _Q.replace("cfg.top_p,", "1.0,"),
         (DISTRIBUTION + "::test_proposer_q_is_the_drafts_own_filtered_distribution",),
     ),
     Mutant(
