@@ -44,6 +44,18 @@ def draft(tok):
     return tiny_llama(len(tok), seed=2, layers=1)
 
 
+@pytest.fixture(scope="module")
+def engines(tok, target, draft):
+    """eta = 0 engines on the tiny pair: self-speculation and a separate draft."""
+    from rapid_integrations import RapidConfig, RapidEngine
+
+    cfg = RapidConfig(eta=0.0, max_new_tokens=24, ignore_eos=True)
+    return {
+        "self": RapidEngine(target, tokenizer=tok, config=cfg),
+        "separate": RapidEngine(target, draft, tokenizer=tok, config=cfg),
+    }
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A saved tiny Llama (float64, 512-token window; the `target` fixture's weights) with its

@@ -31,15 +31,6 @@ def repetitive_prompts(n: int, seed: int) -> list[tuple[str, str]]:
     return [(prompt * 3, draft * 2) for prompt, draft in random_prompts(n, seed)]
 
 
-@pytest.fixture(scope="module")
-def engines(tok, target, draft):
-    cfg = RapidConfig(eta=0.0, max_new_tokens=24, ignore_eos=True)
-    return {
-        "self": RapidEngine(target, tokenizer=tok, config=cfg),
-        "separate": RapidEngine(target, draft, tokenizer=tok, config=cfg),
-    }
-
-
 @pytest.mark.parametrize(
     "options", SETTINGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items())
 )

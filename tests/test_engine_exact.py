@@ -24,15 +24,6 @@ def random_prompts(n: int, seed: int) -> list[tuple[str, str]]:
     return pairs
 
 
-@pytest.fixture(scope="module")
-def engines(tok, target, draft):
-    cfg = RapidConfig(eta=0.0, max_new_tokens=24, ignore_eos=True)
-    return {
-        "self": RapidEngine(target, tokenizer=tok, config=cfg),
-        "separate": RapidEngine(target, draft, tokenizer=tok, config=cfg),
-    }
-
-
 @pytest.mark.parametrize("gamma", range(1, 13))
 @pytest.mark.parametrize("kind", ["self", "separate"])
 def test_eta0_greedy_equals_target_greedy(engines, target, tok, gamma, kind):
