@@ -1,10 +1,12 @@
-"""`RapidLLM`: RAPID speculative decoding as a LlamaIndex `CustomLLM`.
+"""`RapidLLM`: RAPID speculative decoding as a LlamaIndex `FunctionCallingLLM`.
 
 The class only adapts: prompts and chat messages go to `RapidEngine.stream` (chat messages as
-role/content dicts, so the engine applies the tokenizer's chat template), and the engine's
-`RapidOutput` comes back as LlamaIndex responses. Query engines send finished template text,
-so the query the draft's retrieval needs is read out of it by a `QueryExtractor` (see
-`templates.py`). Its arguments are the vocabulary both adapters share (docs/migration.md),
+OpenAI-shaped dicts, `messages.py`, so the engine applies the tokenizer's chat template and
+renders tool calls and results), tools go as OpenAI specs with a tool choice, and the engine's
+`RapidOutput` comes back as LlamaIndex responses, its calls as `ToolCallBlock`s. Structured
+output is constrained by a JSON-schema grammar (`structured.py`). Query engines send finished
+template text, so the query the draft's retrieval needs is read out of it by a
+`QueryExtractor` (see `templates.py`). Its arguments are the vocabulary both adapters share (docs/migration.md),
 plus `HuggingFaceLLM`'s wherever they overlap.
 """
 
@@ -29,7 +31,8 @@ from llama_index.core.base.llms.types import (
 )
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
-from llama_index.core.llms.custom import CustomLLM
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.prompts import PromptTemplate
 
 from rapid_integrations import RapidConfig, RapidConfigError, RapidInputError, RapidOutput
@@ -41,7 +44,6 @@ from rapid_integrations.adapter_params import (
     has_chat_template,
     merge_overrides,
     model_name,
-    tool_messages_refused,
     translate_generate_kwargs,
     user_turn,
 )
@@ -49,7 +51,15 @@ from rapid_integrations.aio import aiter_in_thread
 from rapid_integrations.config import check_mode
 from rapid_integrations.timeouts import TimedRun
 
+from .messages import (
+    assistant_message,
+    check_messages,
+    has_tool_turns,
+    to_engine_messages,
+    tool_selections,
+)
 from .retrievers import as_context_retriever
+from .structured import StructuredByGrammar
 from .templates import as_query_extractor
 
 if TYPE_CHECKING:
@@ -59,6 +69,7 @@ if TYPE_CHECKING:
     import torch
     from llama_index.core.base.base_retriever import BaseRetriever
     from llama_index.core.indices.base import BaseIndex
+    from llama_index.core.tools.types import BaseTool
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from rapid_integrations import RapidEngine
@@ -69,15 +80,16 @@ if TYPE_CHECKING:
     ModelSpec = PreTrainedModel | str | Path
     TokenizerSpec = PreTrainedTokenizerBase | str | Path
 
-# LlamaIndex roles with no chat-template counterpart, mapped to the nearest standard role.
-_ROLES = {
-    MessageRole.DEVELOPER: "system",
-    MessageRole.CHATBOT: "assistant",
-    MessageRole.MODEL: "assistant",
-}
-# Tool results are refused (adapter_params.tool_messages_refused) until the engine renders them.
-_TOOL_ROLES = frozenset({MessageRole.TOOL, MessageRole.FUNCTION})
-_MEDIA_BLOCKS = frozenset({"image", "audio", "video", "document"})
+# Per-call options that go to the engine as they are (not RapidConfig fields).
+_ENGINE_ARGUMENTS = (
+    "mode",
+    "retriever",
+    "query",
+    "draft_prompt",
+    "grammar",
+    "tools",
+    "tool_choice",
+)
 # LLM base-class arguments, passed on to LlamaIndex as they are.
 _BASE_ARGUMENTS = frozenset(
     {
@@ -95,7 +107,7 @@ _RENAMED = {"target": "model", "draft": "draft_model", "config": "rapid_config"}
 R = TypeVar("R", CompletionResponse, ChatResponse)
 
 
-class RapidLLM(CustomLLM):
+class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
     """A LlamaIndex LLM that decodes with RAPID (retrieval-augmented speculative decoding).
 
     Pass a ready `engine`, or the models to load on first use: `model` (the target),
@@ -119,6 +131,10 @@ class RapidLLM(CustomLLM):
     the prompt itself. `query_extractor` finds the question in finished template text
     (LlamaIndex's QA / refine templates by default). Each response carries the run's
     `RapidStats` (``raw["rapid_stats"]`` and ``additional_kwargs["rapid_stats"]``, as dicts).
+
+    Tools (`chat_with_tools`, `FunctionAgent`) reach the engine as OpenAI specs, and decoding
+    is constrained to valid calls (docs/algorithm.md section 11); `structured_predict` and
+    `as_structured_llm` are constrained to the output class's JSON schema (section 10).
     """
 
     model_name: str = Field(description="The target model's name (metadata, tracing).")
@@ -302,8 +318,10 @@ class RapidLLM(CustomLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
-        """Window, output size, chat flag and name, with no weights loaded: the window comes
-        from the model's config, the chat flag from its tokenizer; values given win."""
+        """Window, output size, chat flags and name, with no weights loaded: the window comes
+        from the model's config, the chat flag from its tokenizer; values given win. Tools
+        need the chat template (the engine renders them through it), so the function-calling
+        flag is whether the tokenizer has one and no `messages_to_prompt` of yours replaces it."""
         window = self._model_window()
         if self.context_window is not None:
             if self.context_window > window:
@@ -314,12 +332,12 @@ class RapidLLM(CustomLLM):
                 )
             window = min(window, self.context_window)
         base = self._engine.config if self._engine is not None else RapidConfig()
+        template = self._chat_template()
         return LLMMetadata(
             context_window=window,
             num_output=base.replace(**self._overrides).max_new_tokens,
-            is_chat_model=(
-                self._chat_template() if self.is_chat_model is None else self.is_chat_model
-            ),
+            is_chat_model=template if self.is_chat_model is None else self.is_chat_model,
+            is_function_calling_model=template and "messages_to_prompt" not in self._own_formatting,
             model_name=self.model_name,
         )
 
@@ -411,37 +429,87 @@ class RapidLLM(CustomLLM):
     def _stream_chat(
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
     ) -> ChatResponseGen:
+        """Chat responses; the last one carries the tool calls (the engine parses them once
+        the call markup is complete), only the first when `parallel_tool_calls` is False."""
+        call = dict(kwargs)
+        parallel = call.pop("parallel_tool_calls", True)
         prompt = self._chat_prompt(messages)
-        for text, delta, out in self._stream(prompt, self._call_args(prompt, kwargs)):
-            yield ChatResponse(message=_assistant(text), delta=delta, **_report(out))
+        for text, delta, out in self._stream(prompt, self._call_args(prompt, call)):
+            calls = [] if out is None else out.tool_calls
+            message = assistant_message(text, calls if parallel else calls[:1])
+            yield ChatResponse(message=message, delta=delta, **_report(out))
 
-    def _chat_prompt(self, messages: Sequence[ChatMessage]) -> list[dict[str, str]] | str:
-        """Role/content dicts for the chat template; text from a `messages_to_prompt` of the
-        user's, or flattened by LlamaIndex's default when the tokenizer has no template."""
-        _check_messages(messages)
+    def _chat_prompt(self, messages: Sequence[ChatMessage]) -> list[dict[str, Any]] | str:
+        """OpenAI-shaped messages for the chat template (`messages.to_engine_messages`); text
+        from a `messages_to_prompt` of the user's, or flattened by LlamaIndex's default when
+        the tokenizer has no template, which cannot carry tool calls or results."""
+        check_messages(messages)
         if "messages_to_prompt" in self._own_formatting or not has_chat_template(
             self.get_engine().tokenizer
         ):
+            if has_tool_turns(messages):
+                raise RapidInputError(
+                    "tool calls and tool results need the tokenizer's chat template, which "
+                    "a messages_to_prompt of your own (or a tokenizer without one) replaces"
+                )
             return self.messages_to_prompt(messages)
-        return [
-            {"role": _ROLES.get(m.role, m.role.value), "content": m.content or ""} for m in messages
-        ]
+        return to_engine_messages(messages)
+
+    # -- tools -------------------------------------------------------------------------------
+
+    def _prepare_chat_with_tools(
+        self,
+        tools: Sequence[BaseTool],
+        user_msg: str | ChatMessage | None = None,
+        chat_history: list[ChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        tool_required: bool = False,
+        tool_choice: str | dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """`chat()` arguments of `chat_with_tools` and its variants: the history (not changed)
+        and `user_msg`, the tools as OpenAI specs, and the tool choice: `tool_choice` as given
+        (OpenAI's values or a tool's name), else "required" when `tool_required`, else the
+        engine's "auto". One required call of a single tool names it, so that decoding ends
+        after that call."""
+        specs = [tool.metadata.to_openai_tool(skip_length_check=True) for tool in tools]
+        messages = list(chat_history or [])
+        if isinstance(user_msg, str):
+            user_msg = ChatMessage(role=MessageRole.USER, content=user_msg)
+        if user_msg is not None:
+            messages.append(user_msg)
+        if tool_choice is None and tool_required:
+            single = len(specs) == 1 and not allow_parallel_tool_calls
+            tool_choice = specs[0]["function"]["name"] if single else "required"
+        return {
+            "messages": messages,
+            "tools": specs or None,
+            "tool_choice": tool_choice,
+            "parallel_tool_calls": allow_parallel_tool_calls,
+            **kwargs,
+        }
+
+    def get_tool_calls_from_response(
+        self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
+    ) -> list[ToolSelection]:
+        """The response's tool calls; none raises `RapidInputError` when
+        `error_on_no_tool_call` (else an empty list)."""
+        return tool_selections(response, error_on_no_tool_call)
 
     # -- shared --------------------------------------------------------------------------
 
     def _call_args(
-        self, prompt: str | list[dict[str, str]], kwargs: dict[str, Any]
+        self, prompt: str | list[dict[str, Any]], kwargs: dict[str, Any]
     ) -> dict[str, Any]:
         """Engine arguments of one call: mode, retriever, the extracted query, overrides.
 
         Per-call options are RapidConfig fields or transformers generate() names, plus `mode`,
-        `retriever`, `query` and `draft_prompt`. A query given per call, or a `query_fn` in
-        the configuration, wins over extraction.
+        `retriever`, `query`, `draft_prompt`, `grammar`, `tools` and `tool_choice`. A query
+        given per call, or a `query_fn` in the configuration, wins over extraction.
         """
         call = dict(kwargs)
-        engine_args = {
-            k: call.pop(k) for k in ("mode", "retriever", "query", "draft_prompt") if k in call
-        }
+        engine_args = {k: call.pop(k) for k in _ENGINE_ARGUMENTS if k in call}
         args: dict[str, Any] = {
             "mode": self.mode,
             **self._overrides,
@@ -458,7 +526,7 @@ class RapidLLM(CustomLLM):
         return {**args, "query": query} if query else args
 
     def _stream(
-        self, prompt: str | list[dict[str, str]], args: dict[str, Any]
+        self, prompt: str | list[dict[str, Any]], args: dict[str, Any]
     ) -> Iterator[tuple[str, str, RapidOutput | None]]:
         """(cumulative text, delta, None) per delta, then ("...", "", output) with the stats.
 
@@ -499,15 +567,11 @@ def _label(engine: RapidEngine | None, load: LoadSpec) -> str:
     return model_name(engine.model_name) if engine is not None else load.label
 
 
-def _last_user_text(prompt: str | list[dict[str, str]]) -> str:
+def _last_user_text(prompt: str | list[dict[str, Any]]) -> str:
     """The text a template filled: the prompt itself, or the last user message."""
     if isinstance(prompt, str):
         return prompt
     return next((m["content"] for m in reversed(prompt) if m["role"] == "user"), "")
-
-
-def _assistant(text: str) -> ChatMessage:
-    return ChatMessage(role=MessageRole.ASSISTANT, content=text)
 
 
 def _report(out: RapidOutput | None) -> dict[str, Any]:
@@ -518,24 +582,6 @@ def _report(out: RapidOutput | None) -> dict[str, Any]:
     usage = {"prompt_tokens": out.prompt_tokens, "completion_tokens": len(out.token_ids)}
     raw = {"finish_reason": out.finish_reason, "usage": usage, "rapid_stats": stats}
     return {"raw": raw, "additional_kwargs": {**usage, "rapid_stats": stats}}
-
-
-def _check_messages(messages: Sequence[ChatMessage]) -> None:
-    """Raise for what the model cannot read, which `ChatMessage.content` would silently drop:
-    media blocks, and tool results or calls (refused alike by both adapters for now)."""
-    for i, message in enumerate(messages):
-        if message.role in _TOOL_ROLES:
-            raise tool_messages_refused(i, f"a {message.role.value} message")
-        if message.additional_kwargs.get("tool_calls"):
-            raise tool_messages_refused(i, "an assistant message with tool calls")
-        for block in message.blocks:
-            if block.block_type == "tool_call":
-                raise tool_messages_refused(i, "a tool_call block")
-            if block.block_type in _MEDIA_BLOCKS:
-                raise RapidInputError(
-                    f"message {i}: {block.block_type!r} content is not supported; RapidLLM "
-                    "reads text only"
-                )
 
 
 def _last(responses: Iterator[R]) -> R:

@@ -254,28 +254,23 @@ def test_stop_string_split_across_tokens(engine: RapidEngine, entry: str) -> Non
 # ---- messages --------------------------------------------------------------------------------
 
 
-TOOL_ROLES = (MessageRole.TOOL, MessageRole.FUNCTION)
-
-
 def test_every_llamaindex_role_reaches_a_chat_role(engine: RapidEngine) -> None:
     """LlamaIndex's roles are an enum (unknown ones fail its own validation); each maps onto a
-    role the chat template accepts, so none is dropped; tool results are refused for now."""
+    role the chat template accepts, so none is dropped; function messages (OpenAI's old form,
+    without call ids) are refused (docs/migration.md, tool messages)."""
     llm = LlamaIndexLLM(engine=engine)
-    for role in set(MessageRole) - set(TOOL_ROLES):
+    for role in set(MessageRole) - {MessageRole.FUNCTION}:
         messages = [ChatMessage(role=role, content="abc"), ChatMessage(role="user", content="d")]
         assert llm.chat(messages, max_new_tokens=2).raw["rapid_stats"]["new_tokens"] == 2
+    with pytest.raises(RapidInputError, match="message 1: a function message"):
+        llm.chat([ChatMessage(role="user", content="a"), ChatMessage(role="function", content="4")])
     with pytest.raises(ValidationError):
         ChatMessage(role="wizard", content="x")
 
 
-def test_tool_messages_get_the_same_refusal_from_both_adapters(engine: RapidEngine) -> None:
-    """One policy (docs/migration.md): refused, never dropped, until the engine renders them."""
+def test_langchain_tool_messages_are_refused_until_it_renders_them(engine: RapidEngine) -> None:
+    """Refused, never dropped, until ChatRapid passes them to the engine."""
     refusal = r"message 1: .* is not supported yet; tool results and tool calls need"
-    for role in TOOL_ROLES:
-        with pytest.raises(RapidInputError, match=refusal):
-            LlamaIndexLLM(engine=engine).chat(
-                [ChatMessage(role="user", content="a"), ChatMessage(role=role, content="4")]
-            )
     with pytest.raises(RapidInputError, match=refusal):
         ChatRapid(engine=engine).invoke([HumanMessage("a"), ToolMessage("4", tool_call_id="c")])
 

@@ -1,0 +1,59 @@
+"""LlamaIndex's FunctionAgent through a tool loop on the embedded SmolLM2 (slow).
+
+The agent must call the tool with arguments that match its schema, send the tool's result back
+to the model as a tool message, and end with an answer that contains the returned value, which
+the model can only know from the tool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Literal
+
+import pytest
+from llama_index.core.agent.workflow import AgentInput, FunctionAgent, ToolCallResult
+from llama_index.core.tools import FunctionTool
+
+from llamaindex_rapid import RapidLLM
+from rapid_integrations import RapidEngine
+
+CODES = {"red": "4417", "blue": "9052", "green": "3868"}
+
+
+async def _run(agent: FunctionAgent, question: str) -> tuple[str, list[Any]]:
+    handler = agent.run(question)
+    events = [
+        e async for e in handler.stream_events() if isinstance(e, AgentInput | ToolCallResult)
+    ]
+    return str(await handler), events
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("streaming", [True, False])
+def test_function_agent_calls_the_tool_and_answers_with_its_result(
+    smol_engine: RapidEngine, streaming: bool
+) -> None:
+    calls: list[str] = []
+
+    def get_code(box: Literal["red", "blue", "green"]) -> str:
+        """Return the secret code written inside a box."""
+        calls.append(box)
+        return CODES[box]
+
+    llm = RapidLLM(engine=smol_engine, max_new_tokens=48, temperature=0.0)
+    agent = FunctionAgent(
+        tools=[FunctionTool.from_defaults(get_code)],
+        llm=llm,
+        initial_tool_choice="get_code",
+        streaming=streaming,
+    )
+    answer, events = asyncio.run(_run(agent, "What is the secret code of the blue box?"))
+    assert calls == ["blue"]
+    (result,) = [e for e in events if isinstance(e, ToolCallResult)]
+    assert result.tool_kwargs == {"box": "blue"} and result.tool_output.content == "9052"
+    # The model's next input holds the call it made and the tool's result for that call.
+    last_input = [e for e in events if isinstance(e, AgentInput)][-1].input
+    (sent,) = [m for m in last_input if m.role == "tool"]
+    assert sent.content == "9052"
+    assert sent.additional_kwargs["tool_call_id"] == result.tool_id
+    assert "9052" in answer
