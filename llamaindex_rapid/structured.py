@@ -25,23 +25,29 @@ from llama_index.core.types import Model, PydanticProgramMode
 from rapid_integrations import RapidConfigError, RapidError
 
 dispatcher = get_dispatcher(__name__)
+# Why a structured answer ended before its document was complete, by finish reason.
+_CUT_OFF = {
+    "length": "the token limit (finish_reason='length'); raise max_new_tokens",
+    "stop": "a stop string (finish_reason='stop'); drop the stop strings for structured calls",
+}
 
 
 class StructuredOutputError(RapidError, OutputParserException):
     """A structured answer that ended before its JSON document was complete: cut off by the
-    token limit (`finish_reason="length"`). `text` holds what was generated.
+    token limit (`finish_reason="length"`) or a stop string (`"stop"`). `text` holds what was
+    generated, `finish_reason` why it ended.
 
     Deliberately not a `ValueError` (as `ContextWindowExceededError`): LlamaIndex's
     synthesizers catch `ValueError` as a parsing failure and answer "Empty Response".
     """
 
-    def __init__(self, output_cls: type[BaseModel], text: str) -> None:
+    def __init__(self, output_cls: type[BaseModel], text: str, finish_reason: str) -> None:
         super().__init__(
-            f"the {output_cls.__name__} answer was cut off by the token limit "
-            f"(finish_reason='length') after {len(text)} characters, before its JSON was "
-            "complete; raise max_new_tokens"
+            f"the {output_cls.__name__} answer was cut off after {len(text)} characters, "
+            f"before its JSON was complete, by {_CUT_OFF[finish_reason]}"
         )
         self.text = text
+        self.finish_reason = finish_reason
 
 
 class StructuredByGrammar(LLM):
@@ -130,8 +136,9 @@ class StructuredByGrammar(LLM):
 def parse(output_cls: type[Model], response: ChatResponse) -> Model:
     """The answer validated into `output_cls`; a cut-off answer raises `StructuredOutputError`."""
     text = response.message.content or ""
-    if (response.raw or {}).get("finish_reason") == "length":
-        raise StructuredOutputError(output_cls, text)
+    finish_reason = (response.raw or {}).get("finish_reason")
+    if finish_reason in _CUT_OFF:
+        raise StructuredOutputError(output_cls, text, finish_reason)
     return output_cls.model_validate_json(text)
 
 

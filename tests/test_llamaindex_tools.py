@@ -321,6 +321,10 @@ def test_a_cut_off_structured_answer_raises_naming_the_cause(llm: RapidLLM) -> N
     assert isinstance(caught.value, RapidError) and caught.value.text.startswith("{")
     with pytest.raises(StructuredOutputError):
         list(llm.stream_structured_predict(Forecast, PROMPT, **short))
+    stopped = {"llm_kwargs": {"stop": ["days"]}, "city": "paris"}  # a key every answer has
+    with pytest.raises(StructuredOutputError, match="stop string") as caught:
+        llm.structured_predict(Forecast, PROMPT, **stopped)
+    assert caught.value.finish_reason == "stop" and caught.value.text.endswith('"')
     with pytest.raises(RapidConfigError, match="grammar"):
         llm.structured_predict(Forecast, PROMPT, llm_kwargs={"grammar": None}, city="paris")
 
