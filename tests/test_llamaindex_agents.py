@@ -5,7 +5,7 @@ to the model as a tool message, and end with an answer that contains the returne
 the model can only know from the tool.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: FunctionTool reads the tools' annotations as types.
 
 import asyncio
 from typing import Any, Literal
