@@ -27,7 +27,7 @@ def test_the_llamaindex_examples_run_and_say_what_the_page_says() -> None:
     assert result.tool_kwargs == {"box": "blue"} and result.tool_output.content == "9052"
     assert "9052" in ns["answer"]
     capital = ns["Capital"]
-    assert ns["france"] == capital(country="France", capital="Paris")
-    assert ns["reply"].raw == capital(country="Italy", capital="Rome")
+    assert ns["germany"] == capital(country="Germany", capital="Berlin")
+    assert ns["reply"].raw == capital(country="Spain", capital="Madrid")
     cut_off = ns["cut_off"]
     assert isinstance(cut_off, StructuredOutputError) and "finish_reason='length'" in str(cut_off)
