@@ -22,7 +22,9 @@ def test_the_llamaindex_examples_run_and_say_what_the_page_says() -> None:
 
     code = dict(python_sections(DOCS / "agents.md"))[SECTION]
     ns: dict[str, Any] = {}
-    exec(compile(code, f"docs/agents.md ## {SECTION}", "exec"), ns)
+    # dont_inherit: this module's `from __future__ import annotations` would turn the tools'
+    # annotations into strings, which FunctionTool cannot resolve in this namespace.
+    exec(compile(code, f"docs/agents.md ## {SECTION}", "exec", dont_inherit=True), ns)
     (result,) = ns["tool_results"]
     assert result.tool_kwargs == {"box": "blue"} and result.tool_output.content == "9052"
     assert "9052" in ns["answer"]

@@ -32,8 +32,12 @@ WORKED_EXAMPLE = [
             )
         ],
     ),
-    ChatMessage(role="tool", content="1234", additional_kwargs={"tool_call_id": "call_0"}),
-    ChatMessage(role="assistant", content="The secret code of the yellow box is 1234."),
+    ChatMessage(
+        role="tool",
+        content="The yellow box holds the code 1234.",
+        additional_kwargs={"tool_call_id": "call_0"},
+    ),
+    ChatMessage(role="assistant", content="The yellow box holds the code 1234."),
 ]
 
 
@@ -54,7 +58,7 @@ def test_function_agent_calls_the_tool_and_answers_with_its_result(
     def get_code(box: Literal["red", "blue", "green"]) -> str:
         """Return the secret code written inside a box."""
         calls.append(box)
-        return CODES[box]
+        return f"The {box} box holds the code {CODES[box]}."
 
     llm = RapidLLM(engine=smol_engine, max_new_tokens=32, temperature=0.0)
     agent = FunctionAgent(
@@ -63,10 +67,11 @@ def test_function_agent_calls_the_tool_and_answers_with_its_result(
     answer, events = asyncio.run(_run(agent, "What is the secret code of the blue box?"))
     assert calls == ["blue"]
     (result,) = [e for e in events if isinstance(e, ToolCallResult)]
-    assert result.tool_kwargs == {"box": "blue"} and result.tool_output.content == "9052"
+    assert result.tool_kwargs == {"box": "blue"}
+    assert result.tool_output.content == "The blue box holds the code 9052."
     # The model's next input holds the call it made and the tool's result for that call.
     last_input = [e for e in events if isinstance(e, AgentInput)][-1].input
     sent = [m for m in last_input if m.role == "tool"][-1]
-    assert sent.content == "9052"
+    assert sent.content == result.tool_output.content
     assert sent.additional_kwargs["tool_call_id"] == result.tool_id
     assert "9052" in answer
