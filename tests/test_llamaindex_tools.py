@@ -17,7 +17,7 @@ import pytest
 from llama_index.core.llms import ChatMessage, ChatResponse, ImageBlock, TextBlock
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from llamaindex_rapid import RapidLLM, StructuredOutputError
 from rapid_integrations import (
@@ -315,3 +315,25 @@ def test_a_cut_off_structured_answer_raises_naming_the_cause(llm: RapidLLM) -> N
 
     with pytest.raises(GrammarError, match="cannot compile"):
         llm.structured_predict(Unsupported, PROMPT, city="paris")
+
+
+def test_function_program_mode_goes_through_a_forced_tool_call(engine: RapidEngine) -> None:
+    """pydantic_program_mode="function" keeps LlamaIndex's FunctionCallingProgram, which calls
+    predict_and_call: the output class becomes the one required tool, so the call is named."""
+
+    class Named(Forecast):  # the tool's name is the schema's title; this tokenizer has no capitals
+        model_config = ConfigDict(title="forecast")
+
+    llm = RapidLLM(engine=engine, pydantic_program_mode="function")
+    got = llm.structured_predict(Named, PROMPT, llm_kwargs={"seed": 0, **SAMPLED}, city="paris")
+    from llama_index.core.program.function_program import get_function_tool
+
+    spec = get_function_tool(Named).metadata.to_openai_tool(skip_length_check=True)
+    want = engine.generate(
+        [{"role": "user", "content": "weather in paris"}],
+        tools=[spec],
+        tool_choice="forecast",
+        seed=0,
+        **SAMPLED,
+    )
+    assert got == Named(**want.tool_calls[0].arguments)
