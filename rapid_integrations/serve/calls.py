@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..grammar import Grammar
 from ..outputs import RapidOutput
 from ..tokens import Prompt
 from .collection import Collection
@@ -43,15 +44,17 @@ def chat_call(request: ChatCompletionRequest, collections: Mapping[str, Collecti
     """The engine call of a chat completion request; raises `ServeError` for what is refused."""
     if request.logprobs or request.top_logprobs:
         raise unsupported("logprobs", "log probabilities are not returned by this server")
-    for name in ("tools", "tool_choice", "response_format"):
-        if getattr(request, name) is not None:
-            raise unsupported(name, "not supported yet by this server")
     messages = [_message(m, i) for i, m in enumerate(request.messages)]
     draft = request.draft_prompt
     draft_prompt = (
         [_message(m, i) for i, m in enumerate(draft)] if isinstance(draft, list) else draft
     )
     overrides = _overrides(request, request.max_completion_tokens or request.max_tokens)
+    if request.tools is not None or request.tool_choice is not None:
+        overrides |= {"tools": request.tools, "tool_choice": request.tool_choice}
+    grammar = _response_format(request.response_format)
+    if grammar is not None:
+        overrides["grammar"] = grammar
     collection = _collection(request, collections, overrides)
     prompt = collection.messages(messages) if collection else messages
     return _call("chat", request, prompt, draft_prompt, overrides)
@@ -128,6 +131,32 @@ def _overrides(request: _Request, max_tokens: int | None) -> dict[str, Any]:
     return {k: v for k, v in openai.items() if v is not None} | request.rapid_options()
 
 
+def _response_format(response_format: dict[str, Any] | None) -> Grammar | None:
+    """The grammar of OpenAI's `response_format`: json_object (JSON mode), json_schema
+    (`{"json_schema": {"name", "schema"}}`), or text (None: no constraint)."""
+    kind = (response_format or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Grammar.json_object()
+    if kind == "json_schema":
+        schema = (response_format or {}).get("json_schema", {}).get("schema")
+        if not isinstance(schema, dict):
+            raise ServeError(
+                422,
+                "response_format.json_schema.schema: a JSON schema object is required",
+                param="response_format",
+                code="invalid_value",
+            )
+        return Grammar.json_schema(schema)
+    raise ServeError(
+        422,
+        f"response_format.type: must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+        param="response_format",
+        code="invalid_value",
+    )
+
+
 def _collection(
     request: _Request, collections: Mapping[str, Collection], overrides: dict[str, Any]
 ) -> Collection | None:
@@ -179,7 +208,10 @@ def response(call: EngineCall, output: RapidOutput, replica: str) -> dict[str, A
     """The whole (non-streamed) response object."""
     finish = FINISH_REASONS[output.finish_reason]
     if call.kind == "chat":
-        message = {"role": "assistant", "content": output.text}
+        message: dict[str, Any] = {"role": "assistant", "content": output.text}
+        if output.tool_calls:
+            message["tool_calls"] = tool_calls(output)
+            message["content"] = output.text or None
         choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         obj = "chat.completion"
     else:
@@ -217,6 +249,25 @@ def chunk(
     }
     if call.include_usage:
         out["usage"] = None
+    return out
+
+
+def tool_calls(output: RapidOutput) -> list[dict[str, Any]]:
+    """The output's calls as OpenAI `tool_calls` entries (arguments as JSON text)."""
+    return [call.to_openai() for call in output.tool_calls]
+
+
+def tool_call_chunk(call: EngineCall, output: RapidOutput) -> dict[str, Any] | None:
+    """The streamed chunk carrying the output's calls (after its text), or None without calls.
+
+    The engine parses calls once they are complete, so each arrives whole in one delta
+    (`index`, `id`, `type`, `function.name`, `function.arguments`), as OpenAI clients merge them.
+    """
+    if not output.tool_calls:
+        return None
+    out = chunk(call)
+    deltas = [{"index": i, **entry} for i, entry in enumerate(tool_calls(output))]
+    out["choices"][0]["delta"] = {"tool_calls": deltas}
     return out
 
 
