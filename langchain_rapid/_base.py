@@ -2,22 +2,40 @@
 
 Both classes adapt one `RapidEngine` call, `engine.stream(prompt, draft_prompt, mode, **overrides)`,
 and differ only in how they wrap its text deltas (message chunks or generation chunks). Every
-decoding decision stays in the engine; this module only maps LangChain's vocabulary onto it.
+decoding decision stays in the engine; this module only maps LangChain's vocabulary onto it
+(the names both adapters share are in `rapid_integrations.adapter_params` and docs/migration.md).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from typing_extensions import Self
 
-from rapid_integrations import RapidConfig, RapidError, RapidInputError
+from rapid_integrations import RapidError
+from rapid_integrations.adapter_params import (
+    SAMPLING_FIELDS,
+    LoadSpec,
+    check_engine_alone,
+    deprecated,
+    merge_overrides,
+    model_name,
+    retriever_identity,
+    translate_generate_kwargs,
+)
 from rapid_integrations.aio import aiter_in_thread as aiter_in_thread  # for chat_models, llms
+from rapid_integrations.timeouts import RapidTimeoutError as RapidTimeoutError  # re-exported
+from rapid_integrations.timeouts import TimedRun
 
 from .retrievers import as_context_retriever
 
@@ -28,12 +46,12 @@ if TYPE_CHECKING:
     from langchain_core.vectorstores import VectorStore
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from rapid_integrations import RapidEngine, RapidOutput, RapidStream
+    from rapid_integrations import RapidEngine, RapidOutput
     from rapid_integrations.retrieval import ContextRetriever
     from rapid_integrations.tokens import Prompt
 
     ModelSpec: TypeAlias = str | os.PathLike[str] | PreTrainedModel
-    TokenizerSpec: TypeAlias = PreTrainedTokenizerBase
+    TokenizerSpec: TypeAlias = str | os.PathLike[str] | PreTrainedTokenizerBase
     EngineSpec: TypeAlias = RapidEngine
     RetrieverSpec: TypeAlias = BaseRetriever | VectorStore | ContextRetriever
 else:
@@ -41,22 +59,26 @@ else:
     # load torch or transformers (construction stays cheap; weights load on first use).
     ModelSpec = TokenizerSpec = EngineSpec = RetrieverSpec = Any
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-"""How the embedded default model is reported (its converted folder path says nothing useful)."""
-
 # Fields of this class that carry a RapidConfig value, under the engine's name for it.
 _CONFIG_FIELDS = {
-    "temperature": "temperature",
+    **{name: name for name in SAMPLING_FIELDS},
     "max_tokens": "max_new_tokens",
-    "top_p": "top_p",
-    "eta": "eta",
-    "gamma": "gamma",
     "seed": "seed",
 }
-
-
-class RapidTimeoutError(RapidError, TimeoutError):
-    """A call ran longer than its `timeout`; generation was stopped and its caches freed."""
+_LOADING_FIELDS = (
+    "model",
+    "draft_model",
+    "tokenizer",
+    "device",
+    "draft_device",
+    "dtype",
+    "draft_precision",
+    "model_kwargs",
+    "draft_model_kwargs",
+    "tokenizer_kwargs",
+)
+# HuggingFacePipeline.from_model_id's `device`: an accelerator index, -1 for the CPU.
+_CPU_INDEX = -1
 
 
 class RapidParams(BaseModel):
@@ -71,7 +93,8 @@ class RapidParams(BaseModel):
     also drafts, reading only the short retrieved context."""
 
     tokenizer: TokenizerSpec | None = None
-    """Tokenizer shared by target and draft; None finds it next to the target model."""
+    """Tokenizer shared by target and draft: an object, or a folder / hub id loaded with
+    `tokenizer_kwargs`; None finds it next to the target model."""
 
     engine: EngineSpec | None = Field(default=None, exclude=True)
     """A ready `RapidEngine` to use instead of loading `model`; several instances may share one."""
@@ -94,6 +117,15 @@ class RapidParams(BaseModel):
     top_p: float | None = None
     """Nucleus sampling mass; None keeps the engine's setting."""
 
+    top_k: int | None = None
+    """Sample among the k most likely tokens only (0: off); applied to target and draft alike."""
+
+    min_p: float | None = None
+    """Drop tokens less likely than min_p times the most likely one (0: off)."""
+
+    repetition_penalty: float | None = None
+    """transformers' repetition penalty (1: off), applied to target and draft alike."""
+
     eta: float | None = None
     """RAPID transfer strength toward the draft (0: output follows the target exactly)."""
 
@@ -106,7 +138,7 @@ class RapidParams(BaseModel):
     stop: list[str] | None = None
     """Stop strings; the text ends before the first one. A per-call `stop` replaces these."""
 
-    timeout: float | None = None
+    timeout: float | None = Field(default=None, gt=0)
     """Seconds a call may take; checked as tokens are committed, so a long prefill is not cut
     short. On expiry generation stops and `RapidTimeoutError` is raised."""
 
@@ -120,15 +152,50 @@ class RapidParams(BaseModel):
     device: str | None = None
     """Device to load `model` on (default: CUDA when available, else CPU)."""
 
-    dtype: str | None = None
-    """Weight dtype when loading `model`: "float32", "bfloat16", ... (default: per device)."""
+    draft_device: str | None = None
+    """Device of a separate `draft_model` (default: `device`)."""
 
-    rapid_kwargs: dict[str, Any] = Field(default_factory=dict)
+    dtype: str | None = None
+    """Weight dtype when loading: "float32", "bfloat16", ... (default: per device)."""
+
+    draft_precision: str | None = None
+    """Draft with a cheaper copy: "bfloat16", "float16" or "int8"; outputs stay exact."""
+
+    model_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the target's `from_pretrained`: device_map (incl. "auto"),
+    quantization_config, attn_implementation, trust_remote_code, revision, ..."""
+
+    draft_model_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the draft's `from_pretrained`."""
+
+    tokenizer_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of `AutoTokenizer.from_pretrained`."""
+
+    rapid_config: dict[str, Any] = Field(default_factory=dict)
     """Any other `RapidConfig` fields for every call: residual, tail_guard, truncation,
     retrieval_budget, prefill_chunk_size, ..."""
 
     _engine: RapidEngine | None = PrivateAttr(default=None)
     _engine_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _tokenizer: PreTrainedTokenizerBase | None = PrivateAttr(default=None)
+
+    def __init__(self, **data: Any) -> None:
+        """Our own checks raise the package's errors (`RapidConfigError` naming the field),
+        not pydantic's `ValidationError` around them, in both adapters alike."""
+        try:
+            super().__init__(**data)
+        except ValidationError as error:
+            raise _own_error(error) or error from None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        """Old names, kept for one release with a DeprecationWarning."""
+        if isinstance(data, dict) and "rapid_kwargs" in data:
+            deprecated("rapid_kwargs", "rapid_config", cls.__name__)
+            data = dict(data)
+            data["rapid_config"] = {**data.pop("rapid_kwargs"), **data.get("rapid_config", {})}
+        return data
 
     @field_validator("retriever", mode="before")
     @classmethod
@@ -137,23 +204,82 @@ class RapidParams(BaseModel):
 
     @model_validator(mode="after")
     def _check_params(self) -> Self:
-        """Reject contradictions and invalid RapidConfig values at construction (no weights load)."""
-        if self.engine is not None and self.model is not None:
-            raise RapidInputError("pass either `engine` or `model`, not both")
-        clashes = set(self.rapid_kwargs) & {*_CONFIG_FIELDS, *_CONFIG_FIELDS.values(), "stop"}
-        if clashes:
-            raise RapidInputError(f"set {sorted(clashes)} through the fields of the same name")
-        RapidConfig().replace(**self._config_overrides())
+        """Reject contradictions and invalid values at construction (no weights load)."""
+        check_engine_alone(self.engine, {name: getattr(self, name) for name in _LOADING_FIELDS})
+        self._load_spec()
+        self._config_overrides()
         return self
+
+    @classmethod
+    def from_model_id(
+        cls,
+        model_id: str,
+        task: str = "text-generation",
+        backend: str = "default",
+        device: int | str | None = None,
+        device_map: str | dict[str, Any] | None = None,
+        model_kwargs: dict[str, Any] | None = None,
+        pipeline_kwargs: dict[str, Any] | None = None,
+        batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """Build from a model id with `HuggingFacePipeline.from_model_id`'s meanings.
+
+        `device` is an accelerator index (-1: CPU) or a device name; `device_map` and
+        `model_kwargs` go to `from_pretrained`; `pipeline_kwargs` are transformers generation
+        options (max_new_tokens, temperature, top_k, top_p, do_sample, repetition_penalty...).
+        `ChatHuggingFace.from_model_id`'s generation keywords (max_tokens, temperature, top_p,
+        top_k, repetition_penalty, do_sample) are accepted directly too; other `kwargs` are
+        this class's fields. Loads nothing until the first call.
+        """
+        from rapid_integrations import RapidConfigError
+
+        if task != "text-generation":
+            raise RapidConfigError(
+                "task", f"RAPID runs causal LMs: only 'text-generation', got {task!r}"
+            )
+        if backend not in ("default", "pipeline"):
+            raise RapidConfigError(
+                "backend", f"only the transformers backend is supported, got {backend!r}"
+            )
+        if batch_size is not None:
+            raise RapidConfigError(
+                "batch_size",
+                "RAPID decodes one sequence per call; run calls concurrently "
+                "with batch(..., config={'max_concurrency': n})",
+            )
+        loading = dict(model_kwargs or {})
+        if device_map is not None:
+            if device is not None:
+                raise RapidConfigError("device_map", "give either device or device_map, not both")
+            if "device_map" in loading:
+                raise RapidConfigError("device_map", "already given in model_kwargs")
+            loading["device_map"] = device_map
+        generation = dict(pipeline_kwargs or {})
+        for key in ("temperature", "top_p", "top_k", "repetition_penalty", "do_sample"):
+            if key in kwargs and key not in generation:
+                generation[key] = kwargs.pop(key)
+        if "max_tokens" in kwargs:
+            generation.setdefault("max_new_tokens", kwargs.pop("max_tokens"))
+        settings = translate_generate_kwargs(generation, "pipeline_kwargs")
+        fields = _split_config({_field_of(name): value for name, value in settings.items()})
+        fields["rapid_config"] = {
+            **fields.get("rapid_config", {}),
+            **kwargs.pop("rapid_config", {}),
+        }
+        return cls(
+            model=model_id, device=_device_name(device), model_kwargs=loading, **fields, **kwargs
+        )
+
+    def _load_spec(self) -> LoadSpec:
+        return LoadSpec(**{name: getattr(self, name) for name in _LOADING_FIELDS})
 
     @property
     def model_label(self) -> str:
         """The model's name for metadata and tracing; known without loading any weights."""
-        if self.model is not None:
-            return _name_of(self.model)
         if self.engine is not None:
-            return _name_of(self.engine.model_name)
-        return DEFAULT_MODEL_NAME
+            return model_name(self.engine.model_name)
+        return self._load_spec().label
 
     def get_engine(self) -> RapidEngine:
         """The engine, loading the weights on first use (once, even under concurrent calls)."""
@@ -161,17 +287,28 @@ class RapidParams(BaseModel):
             return self.engine
         with self._engine_lock:
             if self._engine is None:
-                self._engine = self._load_engine()
+                # A tokenizer loaded already (for counting) is not loaded twice.
+                self._engine = self._load_spec().build(self._tokenizer)
             return self._engine
 
-    def _load_engine(self) -> RapidEngine:
-        from rapid_integrations import RapidEngine
+    def get_token_ids(self, text: str) -> list[int]:
+        """The model's own token ids for `text` (its tokenizer, not GPT-2's); loads the
+        tokenizer alone if the engine is not loaded yet."""
+        return list(self._counting_tokenizer().encode(text, add_special_tokens=False))
 
-        if self.model is None:
-            return RapidEngine.from_default(self.draft_model, device=self.device, dtype=self.dtype)
-        return RapidEngine(
-            self.model, self.draft_model, self.tokenizer, device=self.device, dtype=self.dtype
-        )
+    def _counting_tokenizer(self) -> PreTrainedTokenizerBase:
+        if self.engine is not None or self._engine is not None:
+            return self.get_engine().tokenizer
+        with self._engine_lock:
+            if self._tokenizer is None:
+                self._tokenizer = self._load_spec().load_tokenizer()
+            return self._tokenizer
+
+    def _context_window(self) -> int:
+        """The target's window, from its config: no weights load."""
+        if self.engine is not None:
+            return self.engine.context_window
+        return self._load_spec().context_window()
 
     def _config_overrides(self) -> dict[str, Any]:
         """RapidConfig values set on this instance, under the engine's field names."""
@@ -180,9 +317,15 @@ class RapidParams(BaseModel):
             for name, engine_name in _CONFIG_FIELDS.items()
             if getattr(self, name) is not None
         }
-        return {**self.rapid_kwargs, **named}
+        dedicated = {*_CONFIG_FIELDS, *_CONFIG_FIELDS.values(), "stop"}
+        clashes = sorted(set(self.rapid_config) & dedicated)
+        if clashes:
+            from rapid_integrations import RapidConfigError
 
-    def _start(self, prompt: Prompt, stop: list[str] | None, kwargs: dict[str, Any]) -> RapidRun:
+            raise RapidConfigError(clashes[0], "set it through the field of the same name")
+        return merge_overrides(("fields", named), ("rapid_config", self.rapid_config))
+
+    def _start(self, prompt: Prompt, stop: list[str] | None, kwargs: dict[str, Any]) -> TimedRun:
         """Begin one engine call. Per-call `kwargs` override the instance: `mode`,
         `draft_prompt`, `retriever`, `query`, `max_tokens` and any RapidConfig field by name;
         unknown names raise `RapidConfigError`."""
@@ -199,7 +342,7 @@ class RapidParams(BaseModel):
         if stop is not None:
             call["stop"] = tuple(stop)
         overrides = {**self._config_overrides(), **call}
-        return RapidRun(
+        return TimedRun(
             self.get_engine().stream(prompt, draft_prompt, mode, **overrides), self.timeout
         )
 
@@ -238,45 +381,56 @@ class RapidParams(BaseModel):
 
     def _identifying(self) -> dict[str, Any]:
         """Everything that changes the output of a call; also the LLM cache key."""
+        models = (
+            {"model": self.model_label, "engine": f"RapidEngine@{id(self.engine):x}"}
+            if self.engine is not None
+            else self._load_spec().identity()
+        )
         return {
-            "model": self.model_label,
-            "draft_model": None if self.draft_model is None else _name_of(self.draft_model),
+            **models,
             "mode": self.mode,
+            "retriever": retriever_identity(self.retriever),
             "stop": self.stop,
             **self._config_overrides(),
         }
 
 
-def _name_of(model: Any) -> str:
-    """A model's name: the string it was given as, or a loaded model's `name_or_path`. A local
-    path is named by its last part; the rest is the user's file layout, not the model."""
-    name = model if isinstance(model, str) else getattr(model, "name_or_path", "")
-    name = name or type(model).__name__
-    return os.path.basename(name.rstrip("/\\")) if os.path.isabs(name) else name
+def _own_error(error: ValidationError) -> RapidError | None:
+    """The package's own error that a validator raised, if pydantic wrapped one."""
+    for detail in error.errors():
+        cause = (detail.get("ctx") or {}).get("error")
+        if isinstance(cause, RapidError):
+            return cause
+    return None
 
 
-class RapidRun:
-    """One engine call as an iterator of committed text, bounded by a timeout.
+def _field_of(config_name: str) -> str:
+    """The field of these classes that holds a RapidConfig field."""
+    return "max_tokens" if config_name == "max_new_tokens" else config_name
 
-    The engine's stream is closed when iteration ends for any reason (exhausted, timed out, or
-    abandoned by the consumer), which frees its KV caches at once.
-    """
 
-    def __init__(self, stream: RapidStream, timeout: float | None) -> None:
-        self._stream = stream
-        self._timeout = timeout
+def _split_config(settings: dict[str, Any]) -> dict[str, Any]:
+    """Translated settings as constructor arguments: own fields, the rest in rapid_config."""
+    own = {k: v for k, v in settings.items() if k in _CONFIG_FIELDS or k == "stop"}
+    rest = {k: v for k, v in settings.items() if k not in own}
+    if "stop" in own:
+        own["stop"] = list(own["stop"]) if not isinstance(own["stop"], str) else [own["stop"]]
+    return {**own, **({"rapid_config": rest} if rest else {})}
 
-    def __iter__(self) -> Iterator[str]:
-        start = time.monotonic()
-        with self._stream:
-            for delta in self._stream:
-                yield delta
-                if self._timeout is not None and time.monotonic() - start > self._timeout:
-                    raise RapidTimeoutError(f"generation took longer than {self._timeout} s")
 
-    @property
-    def output(self) -> RapidOutput:
-        """The finished call's `RapidOutput` (available once iteration is complete)."""
-        if self._stream.output is None:
-            raise RuntimeError("the run has not finished")
-        return self._stream.output
+def _device_name(device: int | str | None) -> str | None:
+    """HuggingFacePipeline's device index (-1: CPU, n: accelerator n) as a device name."""
+    if device is None or isinstance(device, str):
+        return device
+    if device == _CPU_INDEX:
+        return "cpu"
+    from rapid_integrations import RapidConfigError
+
+    if device < 0:
+        raise RapidConfigError("device", f"an index must be -1 (CPU) or >= 0, got {device}")
+    import torch
+
+    kind = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if kind is None:
+        raise RapidConfigError("device", f"accelerator {device} asked for, but none is available")
+    return f"{kind.type}:{device}"

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.language_models import BaseChatModel, LangSmithParams, ModelProfile
 from langchain_core.language_models.chat_models import (
     agenerate_from_stream,
     generate_from_stream,
@@ -17,12 +17,15 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict
 
 from rapid_integrations import RapidInputError, RapidOutput
+from rapid_integrations.adapter_params import tool_messages_refused
 
 from ._base import RapidParams, aiter_in_thread
 
-# LangChain message types -> chat template roles. Tool and function messages have no place:
-# ChatRapid does not do tool calling, and dropping them silently would change the conversation.
+# LangChain message types -> chat template roles. Tool and function messages are refused
+# (adapter_params.tool_messages_refused) until the engine renders them: dropping them
+# silently would change the conversation.
 _ROLES = {"system": "system", "human": "user", "ai": "assistant"}
+_TOOL_TYPES = frozenset({"tool", "function"})
 _CHAT_MESSAGE_ROLES = frozenset({"system", "user", "assistant"})
 
 
@@ -56,6 +59,34 @@ class ChatRapid(RapidParams, BaseChatModel):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return self._identifying()
+
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        """What the model can do; `max_input_tokens` read from its config (no weights load)."""
+        return ModelProfile(
+            max_input_tokens=self._context_window(),
+            text_inputs=True,
+            image_inputs=False,
+            image_url_inputs=False,
+            pdf_inputs=False,
+            audio_inputs=False,
+            video_inputs=False,
+            text_outputs=True,
+            tool_calling=False,
+            structured_output=False,
+        )
+
+    def get_num_tokens_from_messages(
+        self, messages: list[BaseMessage], tools: Sequence[Any] | None = None
+    ) -> int:
+        """Tokens the target reads for `messages`: through the chat template, with the
+        model's own tokenizer (no weights load before the first call)."""
+        if tools:
+            raise RapidInputError("ChatRapid does not take tools yet; nothing to count them with")
+        tokenizer = self._counting_tokenizer()
+        text = tokenizer.apply_chat_template(
+            to_chat_messages(messages), tokenize=False, add_generation_prompt=True
+        )
+        return len(tokenizer.encode(text, add_special_tokens=False))
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         return LangSmithParams(**self._ls_params("chat", stop, kwargs))
@@ -140,16 +171,17 @@ def _role(message: BaseMessage, index: int) -> str:
         return message.role
     if message.type in _ROLES:
         return _ROLES[message.type]
+    if message.type in _TOOL_TYPES:
+        raise tool_messages_refused(index, type(message).__name__)
     raise RapidInputError(
         f"message {index}: {type(message).__name__} is not supported; ChatRapid takes system, "
-        "human and AI messages (and ChatMessage with role system, user or assistant); it does "
-        "not do tool calling"
+        "human and AI messages (and ChatMessage with role system, user or assistant)"
     )
 
 
 def _text(message: BaseMessage, index: int) -> str:
     if isinstance(message, AIMessage) and message.tool_calls:
-        raise RapidInputError(f"message {index}: tool calls are not supported by ChatRapid")
+        raise tool_messages_refused(index, "an AI message with tool calls")
     parts = []
     for block in message.content_blocks:
         if block["type"] != "text":

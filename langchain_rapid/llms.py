@@ -12,6 +12,7 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from pydantic import ConfigDict
 
 from rapid_integrations import RapidOutput
+from rapid_integrations.adapter_params import has_chat_template, user_turn
 
 from ._base import RapidParams, aiter_in_thread
 
@@ -19,9 +20,12 @@ from ._base import RapidParams, aiter_in_thread
 class RapidLLM(RapidParams, BaseLLM):
     """LLM on a local Hugging Face causal LM, decoded by retrieval-augmented speculation.
 
-    The prompt string goes to the model as it is (no chat template): the target reads all of
-    it, the draft reads its head and tail with the long middle replaced by retrieved passages
-    (or passages from `retriever`). Weights load on the first call unless `engine` is given.
+    A model whose tokenizer has a chat template (an instruct model) gets the prompt string as
+    one user turn, which is how it is asked to answer; `raw_completion=True` sends the string
+    as it is, for base models' continuation or prompts formatted by hand. The target reads all
+    of it, the draft reads its head and question with the long middle replaced by retrieved
+    passages (or passages from `retriever`). Weights load on the first call unless `engine`
+    is given.
 
     Each generation's `generation_info` holds `model_name`, `finish_reason`, `rapid_stats`
     (the run's `RapidStats` as a dict) and `usage`; `llm_output["token_usage"]` sums the
@@ -30,13 +34,16 @@ class RapidLLM(RapidParams, BaseLLM):
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, protected_namespaces=())
 
+    raw_completion: bool = False
+    """Send the prompt string as it is, without the chat template's user turn."""
+
     @property
     def _llm_type(self) -> str:
         return "rapid"
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return self._identifying()
+        return {**self._identifying(), "raw_completion": self.raw_completion}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         return LangSmithParams(**self._ls_params("llm", stop, kwargs))
@@ -75,7 +82,7 @@ class RapidLLM(RapidParams, BaseLLM):
         **kwargs: Any,
     ) -> Iterator[GenerationChunk]:
         """One chunk per piece of text the engine commits, then a last one with the metadata."""
-        run = self._start(prompt, stop, kwargs)
+        run = self._start(self._as_prompt(prompt), stop, kwargs)
         for delta in run:
             chunk = GenerationChunk(text=delta)
             if run_manager:
@@ -98,6 +105,12 @@ class RapidLLM(RapidParams, BaseLLM):
                 if run_manager and chunk.generation_info is None:
                     await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
                 yield chunk
+
+    def _as_prompt(self, prompt: str) -> str | list[dict[str, str]]:
+        """The string as one user turn for a model with a chat template, unless raw."""
+        if self.raw_completion or not has_chat_template(self.get_engine().tokenizer):
+            return prompt
+        return user_turn(prompt)
 
     def _generation_info(self, output: RapidOutput) -> dict[str, Any]:
         return {**self._response_metadata(output), "usage": self._usage(output)}

@@ -1,17 +1,18 @@
 """`RapidLLM`: RAPID speculative decoding as a LlamaIndex `CustomLLM`.
 
-The class only adapts: prompts and chat messages go to `RapidEngine.generate` / `stream`
-unchanged (chat messages as role/content dicts, so the engine applies the tokenizer's chat
-template), and the engine's `RapidOutput` comes back as LlamaIndex responses. Query engines
-send finished template text, so the query the draft's retrieval needs is read out of it by a
-`QueryExtractor` (see `templates.py`).
+The class only adapts: prompts and chat messages go to `RapidEngine.stream` (chat messages as
+role/content dicts, so the engine applies the tokenizer's chat template), and the engine's
+`RapidOutput` comes back as LlamaIndex responses. Query engines send finished template text,
+so the query the draft's retrieval needs is read out of it by a `QueryExtractor` (see
+`templates.py`). Its arguments are the vocabulary both adapters share (docs/migration.md),
+plus `HuggingFaceLLM`'s wherever they overlap.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
+import warnings
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,16 +30,30 @@ from llama_index.core.base.llms.types import (
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
+from llama_index.core.prompts import PromptTemplate
 
 from rapid_integrations import RapidConfig, RapidConfigError, RapidInputError, RapidOutput
+from rapid_integrations.adapter_params import (
+    LoadSpec,
+    check_engine_alone,
+    config_overrides,
+    deprecated,
+    has_chat_template,
+    merge_overrides,
+    model_name,
+    tool_messages_refused,
+    translate_generate_kwargs,
+    user_turn,
+)
 from rapid_integrations.aio import aiter_in_thread
 from rapid_integrations.config import check_mode
+from rapid_integrations.timeouts import TimedRun
 
 from .retrievers import as_context_retriever
 from .templates import as_query_extractor
 
 if TYPE_CHECKING:
-    # Imported lazily at run time: torch and transformers load only when a RapidLLM is made.
+    # Imported lazily at run time: torch and transformers load only when a model is used.
     from pathlib import Path
 
     import torch
@@ -52,105 +67,281 @@ if TYPE_CHECKING:
     from .templates import QueryExtractorLike
 
     ModelSpec = PreTrainedModel | str | Path
+    TokenizerSpec = PreTrainedTokenizerBase | str | Path
 
 # LlamaIndex roles with no chat-template counterpart, mapped to the nearest standard role.
 _ROLES = {
     MessageRole.DEVELOPER: "system",
-    MessageRole.FUNCTION: "tool",
     MessageRole.CHATBOT: "assistant",
     MessageRole.MODEL: "assistant",
 }
-# Blocks that carry input a text model cannot read (media) or that it cannot act on (tools).
-_UNREADABLE_BLOCKS = frozenset({"image", "audio", "video", "document", "tool_call"})
+# Tool results are refused (adapter_params.tool_messages_refused) until the engine renders them.
+_TOOL_ROLES = frozenset({MessageRole.TOOL, MessageRole.FUNCTION})
+_MEDIA_BLOCKS = frozenset({"image", "audio", "video", "document"})
+# LLM base-class arguments, passed on to LlamaIndex as they are.
+_BASE_ARGUMENTS = frozenset(
+    {
+        "system_prompt",
+        "messages_to_prompt",
+        "completion_to_prompt",
+        "query_wrapper_prompt",
+        "callback_manager",
+        "pydantic_program_mode",
+        "output_parser",
+    }
+)
+# Old names, kept for one release with a DeprecationWarning: old -> new.
+_RENAMED = {"target": "model", "draft": "draft_model", "config": "rapid_config"}
 R = TypeVar("R", CompletionResponse, ChatResponse)
 
 
 class RapidLLM(CustomLLM):
     """A LlamaIndex LLM that decodes with RAPID (retrieval-augmented speculative decoding).
 
-    Pass a ready `engine`, or the engine's arguments (`target`, `draft`, `tokenizer`,
-    `config`, `device`, `dtype`), in which case the models load on first use; with neither,
-    the embedded SmolLM2-135M-Instruct is used. `retriever` feeds the draft: a LlamaIndex
-    retriever or index (wrapped in `RapidRetrieverAdapter`) or any `ContextRetriever`; without
-    one the engine retrieves from the prompt itself. `query_extractor` finds the question in
-    finished template text (LlamaIndex's QA / refine templates by default; pass your own
-    templates or a callable ``str -> str | None``). Each response carries the run's
+    Pass a ready `engine`, or the models to load on first use: `model` (the target),
+    `draft_model` (None: self-speculation), `tokenizer`, with `device`, `dtype`, `draft_device`,
+    `draft_precision`, `model_kwargs`, `draft_model_kwargs`, `tokenizer_kwargs`; with neither,
+    the embedded SmolLM2-135M-Instruct is used. Generation settings are fields of their own
+    (`max_new_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`, `eta`,
+    `gamma`, `seed`, `stop`), `rapid_config` holds any other `RapidConfig` field, and
+    `generate_kwargs` takes transformers `generate()` options as `HuggingFaceLLM` does
+    (`{"top_k": 50, "temperature": 0.7, "do_sample": True}`). `HuggingFaceLLM`'s
+    `model_name`, `tokenizer_name`, `context_window`, `device_map` and `is_chat_model` keep
+    their meanings. Unknown arguments raise `RapidConfigError`; nothing loads at construction.
+
+    A plain-string prompt goes to a model with a chat template as one user turn (with
+    `system_prompt` as the system turn), which is how instruct models are asked to answer;
+    `raw_completion=True`, or a `completion_to_prompt` of your own, sends text as it is. A
+    `messages_to_prompt` of your own likewise wins over the chat template.
+
+    `retriever` feeds the draft: a LlamaIndex retriever or index (wrapped in
+    `RapidRetrieverAdapter`) or any `ContextRetriever`; without one the engine retrieves from
+    the prompt itself. `query_extractor` finds the question in finished template text
+    (LlamaIndex's QA / refine templates by default). Each response carries the run's
     `RapidStats` (``raw["rapid_stats"]`` and ``additional_kwargs["rapid_stats"]``, as dicts).
     """
 
+    model_name: str = Field(description="The target model's name (metadata, tracing).")
+    context_window: int | None = Field(
+        default=None, description="Window reported to LlamaIndex; None: the model's own."
+    )
+    max_new_tokens: int | None = Field(default=None, description="Most tokens per call.")
+    is_chat_model: bool | None = Field(
+        default=None, description="Reported chat-model flag; None: whether a chat template exists."
+    )
     mode: str = Field(default="rapid", description="rapid | sd | lc | rag (see RapidEngine).")
+    timeout: float | None = Field(default=None, description="Seconds a call may take.")
+    raw_completion: bool = Field(
+        default=False, description="Send completion prompts without the chat template."
+    )
     generate_kwargs: dict[str, Any] = Field(
-        default_factory=dict,
-        description="RapidConfig overrides applied to every call (eta, gamma, max_new_tokens...).",
+        default_factory=dict, description="transformers generate() options (HuggingFaceLLM's)."
+    )
+    rapid_config: dict[str, Any] = Field(
+        default_factory=dict, description="Other RapidConfig fields for every call."
     )
 
+    _load: LoadSpec = PrivateAttr()
+    _overrides: dict[str, Any] = PrivateAttr()
     _engine: RapidEngine | None = PrivateAttr(default=None)
-    _make_engine: Callable[[], RapidEngine] | None = PrivateAttr(default=None)
+    _tokenizer: PreTrainedTokenizerBase | None = PrivateAttr(default=None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _retriever: ContextRetriever | None = PrivateAttr(default=None)
     _query_extractor: Callable[[str], str | None] = PrivateAttr()
+    _own_formatting: frozenset[str] = PrivateAttr()
 
     def __init__(
         self,
-        target: ModelSpec | None = None,
-        draft: ModelSpec | None = None,
-        tokenizer: PreTrainedTokenizerBase | None = None,
+        model: ModelSpec | None = None,
+        draft_model: ModelSpec | None = None,
+        tokenizer: TokenizerSpec | None = None,
         *,
         engine: RapidEngine | None = None,
-        config: RapidConfig | None = None,
-        device: str | torch.device | None = None,
-        dtype: str | torch.dtype | None = None,
         retriever: ContextRetriever | BaseRetriever | BaseIndex | None = None,
         query_extractor: QueryExtractorLike | None = None,
         mode: str = "rapid",
+        timeout: float | None = None,
+        raw_completion: bool = False,
+        device: str | torch.device | None = None,
+        draft_device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        draft_precision: str | None = None,
+        model_kwargs: dict[str, Any] | None = None,
+        draft_model_kwargs: dict[str, Any] | None = None,
+        tokenizer_kwargs: dict[str, Any] | None = None,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        min_p: float | None = None,
+        repetition_penalty: float | None = None,
+        eta: float | None = None,
+        gamma: int | None = None,
+        seed: int | None = None,
+        stop: str | list[str] | None = None,
+        rapid_config: dict[str, Any] | RapidConfig | None = None,
+        model_name: str | None = None,
+        tokenizer_name: str | None = None,
+        context_window: int | None = None,
         generate_kwargs: dict[str, Any] | None = None,
+        device_map: str | dict[str, Any] | None = None,
+        stopping_ids: list[int] | None = None,
+        is_chat_model: bool | None = None,
+        tokenizer_outputs_to_remove: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
-        # Checked here, not by pydantic, so that bad values raise the package's own errors
-        # at construction rather than on the first call.
+        # Checked here, before pydantic and before any weights load, so that bad values raise
+        # the package's own errors at construction rather than on the first call.
+        old = {name: kwargs.pop(name) for name in list(kwargs) if name in _RENAMED}
+        unknown = sorted(set(kwargs) - _BASE_ARGUMENTS)
+        if unknown:
+            raise RapidConfigError(
+                unknown[0], "unknown argument of RapidLLM (docs/migration.md lists them)"
+            )
+        model = _renamed(old, "target", model)
+        draft_model = _renamed(old, "draft", draft_model)
+        rapid_config = _renamed(old, "config", rapid_config)
         check_mode(mode)
-        (config or RapidConfig()).replace(**(generate_kwargs or {}))
-        model_args = (target, draft, tokenizer, config, device, dtype)
-        if engine is not None and any(arg is not None for arg in model_args):
-            raise RapidConfigError("engine", "pass an engine or its arguments, not both")
-        super().__init__(mode=mode, generate_kwargs=generate_kwargs or {}, **kwargs)
+        if timeout is not None and not timeout > 0:
+            raise RapidConfigError("timeout", f"must be a number of seconds > 0, got {timeout!r}")
+        if context_window is not None and not context_window > 0:
+            raise RapidConfigError("context_window", f"must be > 0, got {context_window!r}")
+        if stopping_ids:
+            raise RapidConfigError(
+                "stopping_ids",
+                "token-id stops are not supported: give stop strings (stop=[...]); "
+                "the model's end-of-sequence and end-of-turn tokens always end generation",
+            )
+        # Only input_ids ever reach the model, so there are no other tokenizer outputs to remove.
+        del tokenizer_outputs_to_remove
+        model = _hf_name(model, model_name, "model_name")
+        tokenizer = _hf_name(tokenizer, tokenizer_name, "tokenizer_name")
+        model_kwargs = dict(model_kwargs or {})
+        if device_map is not None:
+            if "device_map" in model_kwargs:
+                raise RapidConfigError("device_map", "already given in model_kwargs")
+            model_kwargs["device_map"] = device_map
+        loading = {
+            "model": model,
+            "draft_model": draft_model,
+            "tokenizer": tokenizer,
+            "device": device,
+            "draft_device": draft_device,
+            "dtype": dtype,
+            "draft_precision": draft_precision,
+            "model_kwargs": model_kwargs,
+            "draft_model_kwargs": draft_model_kwargs or {},
+            "tokenizer_kwargs": tokenizer_kwargs or {},
+        }
+        check_engine_alone(engine, loading)
+        load = LoadSpec(**loading)
+        fields = {
+            "max_new_tokens": max_new_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k,
+            "min_p": min_p,
+            "repetition_penalty": repetition_penalty,
+            "eta": eta,
+            "gamma": gamma,
+            "seed": seed,
+            "stop": stop,
+        }
+        rapid_config = config_overrides(rapid_config, "rapid_config")
+        overrides = merge_overrides(
+            ("fields", {k: v for k, v in fields.items() if v is not None}),
+            ("rapid_config", rapid_config),
+            (
+                "generate_kwargs",
+                translate_generate_kwargs(generate_kwargs or {}, "generate_kwargs"),
+            ),
+        )
+        query_wrapper = kwargs.pop("query_wrapper_prompt", None)
+        if isinstance(query_wrapper, str):
+            query_wrapper = PromptTemplate(query_wrapper)
+        super().__init__(
+            model_name=model_name or _label(engine, load),
+            context_window=context_window,
+            max_new_tokens=max_new_tokens,
+            is_chat_model=is_chat_model,
+            mode=mode,
+            timeout=timeout,
+            raw_completion=raw_completion,
+            generate_kwargs=generate_kwargs or {},
+            rapid_config=rapid_config,
+            query_wrapper_prompt=query_wrapper,
+            **kwargs,
+        )
+        self._own_formatting = frozenset(
+            name for name in ("messages_to_prompt", "completion_to_prompt") if kwargs.get(name)
+        )
+        self._load = load
+        self._overrides = overrides
+        self._engine = engine
         self._retriever = as_context_retriever(retriever)
         self._query_extractor = as_query_extractor(query_extractor)
-        if engine is not None:
-            self._engine = engine
-        else:
-            self._make_engine = _engine_factory(*model_args)
 
     @classmethod
     def class_name(cls) -> str:
         return "RapidLLM"
 
-    @property
-    def engine(self) -> RapidEngine:
-        """The `RapidEngine`, built (models loaded) on first access."""
+    def get_engine(self) -> RapidEngine:
+        """The `RapidEngine`, built (models loaded) on first use, once."""
         if self._engine is None:
             with self._lock:
-                if self._engine is None and self._make_engine is not None:
-                    self._engine = self._make_engine()
-        assert self._engine is not None
+                if self._engine is None:
+                    # A tokenizer loaded already (for the metadata) is not loaded twice.
+                    self._engine = self._load.build(self._tokenizer)
         return self._engine
 
     @property
+    def engine(self) -> RapidEngine:
+        """Deprecated: `get_engine()`, as in the LangChain adapter."""
+        deprecated("engine", "get_engine()", "RapidLLM")
+        return self.get_engine()
+
+    @property
     def metadata(self) -> LLMMetadata:
-        """Real sizes: the target's window and the configured number of new tokens."""
-        engine = self.engine
+        """Window, output size, chat flag and name, with no weights loaded: the window comes
+        from the model's config, the chat flag from its tokenizer; values given win."""
+        window = self._model_window()
+        if self.context_window is not None:
+            if self.context_window > window:
+                warnings.warn(
+                    f"context_window={self.context_window} is larger than the model's window "
+                    f"({window}); reporting {window}",
+                    stacklevel=2,
+                )
+            window = min(window, self.context_window)
+        base = self._engine.config if self._engine is not None else RapidConfig()
         return LLMMetadata(
-            context_window=engine.context_window,
-            num_output=engine.config.replace(**self.generate_kwargs).max_new_tokens,
-            is_chat_model=_has_chat_template(engine),
-            model_name=engine.model_name,
+            context_window=window,
+            num_output=base.replace(**self._overrides).max_new_tokens,
+            is_chat_model=(
+                self._chat_template() if self.is_chat_model is None else self.is_chat_model
+            ),
+            model_name=self.model_name,
         )
+
+    def _model_window(self) -> int:
+        if self._engine is not None:
+            return self._engine.context_window
+        return self._load.context_window()
+
+    def _chat_template(self) -> bool:
+        """Whether the target's tokenizer has a chat template (its tokenizer alone loads)."""
+        if self._engine is not None:
+            return has_chat_template(self._engine.tokenizer)
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = self._load.load_tokenizer()
+        return has_chat_template(self._tokenizer)
 
     # -- completion ---------------------------------------------------------------------
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return self._complete(prompt, formatted, kwargs)
+        return _last(self._stream_complete(prompt, formatted, kwargs))
 
     @llm_completion_callback()
     def stream_complete(
@@ -173,29 +364,35 @@ class RapidLLM(CustomLLM):
     ) -> CompletionResponseAsyncGen:
         return aiter_in_thread(lambda: self._stream_complete(prompt, formatted, kwargs))
 
-    def _complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponse:
-        prompt = self._completion_prompt(prompt, formatted)
-        out = self.engine.generate(prompt, **self._call_args(prompt, kwargs))
-        return CompletionResponse(text=out.text, **_report(out))
-
     def _stream_complete(
         self, prompt: str, formatted: bool, kwargs: dict[str, Any]
     ) -> CompletionResponseGen:
-        prompt = self._completion_prompt(prompt, formatted)
-        for text, delta, out in self._stream(prompt, self._call_args(prompt, kwargs)):
+        engine_prompt = self._completion_prompt(prompt, formatted)
+        for text, delta, out in self._stream(engine_prompt, self._call_args(engine_prompt, kwargs)):
             yield CompletionResponse(text=text, delta=delta, **_report(out))
 
-    def _completion_prompt(self, prompt: str, formatted: bool) -> str:
-        """`prompt`, checked and, unless `formatted`, passed through `completion_to_prompt`."""
+    def _completion_prompt(self, prompt: str, formatted: bool) -> str | list[dict[str, str]]:
+        """What the engine reads for a completion prompt, as `HuggingFaceLLM` builds it:
+        the query wrapper, then a `completion_to_prompt` of the user's (text as it is);
+        otherwise one user turn (after `system_prompt`) when the tokenizer has a chat template
+        and `raw_completion` is off, else the text (after `system_prompt`)."""
         if not isinstance(prompt, str):
             raise RapidInputError(f"the prompt must be a string, got {type(prompt).__name__}")
-        return prompt if formatted else self.completion_to_prompt(prompt)
+        if not formatted and self.query_wrapper_prompt is not None:
+            prompt = self.query_wrapper_prompt.format(query_str=prompt)
+        if "completion_to_prompt" in self._own_formatting:
+            return prompt if formatted else self.completion_to_prompt(prompt)
+        system = self.system_prompt if self.system_prompt and not formatted else None
+        if self.raw_completion or not has_chat_template(self.get_engine().tokenizer):
+            return f"{system} {prompt}" if system else prompt
+        head = [{"role": "system", "content": system}] if system else []
+        return head + user_turn(prompt)
 
     # -- chat ------------------------------------------------------------------------------
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return self._chat(messages, kwargs)
+        return _last(self._stream_chat(messages, kwargs))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
@@ -211,11 +408,6 @@ class RapidLLM(CustomLLM):
     ) -> ChatResponseAsyncGen:
         return aiter_in_thread(lambda: self._stream_chat(messages, kwargs))
 
-    def _chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
-        prompt = self._chat_prompt(messages)
-        out = self.engine.generate(prompt, **self._call_args(prompt, kwargs))
-        return ChatResponse(message=_assistant(out.text), **_report(out))
-
     def _stream_chat(
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
     ) -> ChatResponseGen:
@@ -224,9 +416,12 @@ class RapidLLM(CustomLLM):
             yield ChatResponse(message=_assistant(text), delta=delta, **_report(out))
 
     def _chat_prompt(self, messages: Sequence[ChatMessage]) -> list[dict[str, str]] | str:
-        """Role/content dicts for the engine's chat template, or flattened text without one."""
-        _check_text_only(messages)
-        if not _has_chat_template(self.engine):
+        """Role/content dicts for the chat template; text from a `messages_to_prompt` of the
+        user's, or flattened by LlamaIndex's default when the tokenizer has no template."""
+        _check_messages(messages)
+        if "messages_to_prompt" in self._own_formatting or not has_chat_template(
+            self.get_engine().tokenizer
+        ):
             return self.messages_to_prompt(messages)
         return [
             {"role": _ROLES.get(m.role, m.role.value), "content": m.content or ""} for m in messages
@@ -239,12 +434,25 @@ class RapidLLM(CustomLLM):
     ) -> dict[str, Any]:
         """Engine arguments of one call: mode, retriever, the extracted query, overrides.
 
-        A query given per call, or a `query_fn` in the configuration, wins over extraction.
+        Per-call options are RapidConfig fields or transformers generate() names, plus `mode`,
+        `retriever`, `query` and `draft_prompt`. A query given per call, or a `query_fn` in
+        the configuration, wins over extraction.
         """
-        args: dict[str, Any] = {"mode": self.mode, **self.generate_kwargs, **kwargs}
+        call = dict(kwargs)
+        engine_args = {
+            k: call.pop(k) for k in ("mode", "retriever", "query", "draft_prompt") if k in call
+        }
+        args: dict[str, Any] = {
+            "mode": self.mode,
+            **self._overrides,
+            **translate_generate_kwargs(call, "the call's options"),
+            **engine_args,
+        }
         if self._retriever is not None:
             args.setdefault("retriever", self._retriever)
-        if "query" in args or args.get("query_fn", self.engine.config.query_fn) is not None:
+        if "retriever" in engine_args:
+            args["retriever"] = as_context_retriever(engine_args["retriever"])
+        if "query" in args or args.get("query_fn", self.get_engine().config.query_fn) is not None:
             return args
         query = self._query_extractor(_last_user_text(prompt))
         return {**args, "query": query} if query else args
@@ -255,40 +463,40 @@ class RapidLLM(CustomLLM):
         """(cumulative text, delta, None) per delta, then ("...", "", output) with the stats.
 
         The stats exist only once generation has ended, so they ride on a last, empty delta
-        (as usage does in other providers' streams). Closing early frees the engine's caches.
+        (as usage does in other providers' streams). Closing early frees the engine's caches;
+        a call past `timeout` raises `RapidTimeoutError`.
         """
+        mode = args.pop("mode")
+        draft_prompt = args.pop("draft_prompt", None)
+        run = TimedRun(self.get_engine().stream(prompt, draft_prompt, mode, **args), self.timeout)
         text = ""
-        with self.engine.stream(prompt, **args) as stream:
-            for delta in stream:
-                text += delta
-                yield text, delta, None
-            yield text, "", stream.output
+        for delta in run:
+            text += delta
+            yield text, delta, None
+        yield text, "", run.output
 
 
-def _engine_factory(
-    target: ModelSpec | None,
-    draft: ModelSpec | None,
-    tokenizer: PreTrainedTokenizerBase | None,
-    config: RapidConfig | None,
-    device: str | torch.device | None,
-    dtype: str | torch.dtype | None,
-) -> Callable[[], RapidEngine]:
-    """A deferred engine build, so constructing a RapidLLM loads nothing."""
-
-    def build() -> RapidEngine:
-        from rapid_integrations import RapidEngine
-
-        if target is None:
-            known = dataclasses.fields(config) if config is not None else ()
-            fields = {f.name: getattr(config, f.name) for f in known}
-            return RapidEngine.from_default(draft, device=device, dtype=dtype, **fields)
-        return RapidEngine(target, draft, tokenizer, config, device=device, dtype=dtype)
-
-    return build
+def _renamed(old: dict[str, Any], name: str, value: Any) -> Any:
+    """The value given under an old name (with a DeprecationWarning), or under the new one."""
+    if name not in old:
+        return value
+    deprecated(name, _RENAMED[name], "RapidLLM")
+    if value is not None:
+        raise RapidConfigError(_RENAMED[name], f"given twice, also as `{name}`")
+    return old[name]
 
 
-def _has_chat_template(engine: RapidEngine) -> bool:
-    return bool(getattr(engine.tokenizer, "chat_template", None))
+def _hf_name(value: Any, name: str | None, field: str) -> Any:
+    """`HuggingFaceLLM`'s model_name / tokenizer_name: what to load when no object is given."""
+    if name is None or not isinstance(value, str | None):
+        return value  # no name, or a loaded object that the name only labels
+    if value is not None and value != name:
+        raise RapidConfigError(field, f"names {name!r}, but {value!r} was given too; give one")
+    return name
+
+
+def _label(engine: RapidEngine | None, load: LoadSpec) -> str:
+    return model_name(engine.model_name) if engine is not None else load.label
 
 
 def _last_user_text(prompt: str | list[dict[str, str]]) -> str:
@@ -312,22 +520,38 @@ def _report(out: RapidOutput | None) -> dict[str, Any]:
     return {"raw": raw, "additional_kwargs": {**usage, "rapid_stats": stats}}
 
 
-def _check_text_only(messages: Sequence[ChatMessage]) -> None:
-    """Raise for content the model cannot read, which `ChatMessage.content` would silently drop."""
+def _check_messages(messages: Sequence[ChatMessage]) -> None:
+    """Raise for what the model cannot read, which `ChatMessage.content` would silently drop:
+    media blocks, and tool results or calls (refused alike by both adapters for now)."""
     for i, message in enumerate(messages):
+        if message.role in _TOOL_ROLES:
+            raise tool_messages_refused(i, f"a {message.role.value} message")
+        if message.additional_kwargs.get("tool_calls"):
+            raise tool_messages_refused(i, "an assistant message with tool calls")
         for block in message.blocks:
-            if block.block_type in _UNREADABLE_BLOCKS:
+            if block.block_type == "tool_call":
+                raise tool_messages_refused(i, "a tool_call block")
+            if block.block_type in _MEDIA_BLOCKS:
                 raise RapidInputError(
                     f"message {i}: {block.block_type!r} content is not supported; RapidLLM "
-                    "reads text only and does not call tools"
+                    "reads text only"
                 )
 
 
-async def _final(responses: AsyncGenerator[R, None]) -> R:
+def _last(responses: Iterator[R]) -> R:
     """The last response of a stream, as the non-streaming call returns it (no delta)."""
+    last = None
+    for last in responses:  # noqa: B007 (the loop runs the stream to its end)
+        pass
+    assert last is not None  # a stream ends with the response that carries the stats
+    return last.model_copy(update={"delta": None})
+
+
+async def _final(responses: AsyncGenerator[R, None]) -> R:
+    """The last response of an async stream, as the non-streaming call returns it."""
     last = None
     async with contextlib.aclosing(responses) as items:  # cancelled: the worker stops now
         async for response in items:
             last = response
-    assert last is not None  # a stream ends with the response that carries the stats
+    assert last is not None
     return last.model_copy(update={"delta": None})

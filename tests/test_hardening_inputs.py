@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from langchain_core.messages import HumanMessage
+from langchain_core.messages import HumanMessage, ToolMessage
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, MessageRole, TextBlock
 from pydantic import ValidationError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -37,7 +37,7 @@ from rapid_integrations import (
 )
 from rapid_integrations.cli import EXIT_USAGE, main
 from tests.retrieval_fixtures import HashingEmbedder
-from tests.test_cli import tiny_args, tiny_model_dir  # noqa: F401 (a fixture)
+from tests.test_cli import tiny_args
 from tests.tiny import reference_greedy, tiny_llama
 
 Result = tuple[str, dict[str, Any]]  # the text, and the RapidStats as the framework reports them
@@ -254,15 +254,30 @@ def test_stop_string_split_across_tokens(engine: RapidEngine, entry: str) -> Non
 # ---- messages --------------------------------------------------------------------------------
 
 
+TOOL_ROLES = (MessageRole.TOOL, MessageRole.FUNCTION)
+
+
 def test_every_llamaindex_role_reaches_a_chat_role(engine: RapidEngine) -> None:
     """LlamaIndex's roles are an enum (unknown ones fail its own validation); each maps onto a
-    role the chat template accepts, so none is refused or dropped."""
+    role the chat template accepts, so none is dropped; tool results are refused for now."""
     llm = LlamaIndexLLM(engine=engine)
-    for role in MessageRole:
+    for role in set(MessageRole) - set(TOOL_ROLES):
         messages = [ChatMessage(role=role, content="abc"), ChatMessage(role="user", content="d")]
         assert llm.chat(messages, max_new_tokens=2).raw["rapid_stats"]["new_tokens"] == 2
     with pytest.raises(ValidationError):
         ChatMessage(role="wizard", content="x")
+
+
+def test_tool_messages_get_the_same_refusal_from_both_adapters(engine: RapidEngine) -> None:
+    """One policy (docs/migration.md): refused, never dropped, until the engine renders them."""
+    refusal = r"message 1: .* is not supported yet; tool results and tool calls need"
+    for role in TOOL_ROLES:
+        with pytest.raises(RapidInputError, match=refusal):
+            LlamaIndexLLM(engine=engine).chat(
+                [ChatMessage(role="user", content="a"), ChatMessage(role=role, content="4")]
+            )
+    with pytest.raises(RapidInputError, match=refusal):
+        ChatRapid(engine=engine).invoke([HumanMessage("a"), ToolMessage("4", tool_call_id="c")])
 
 
 def test_content_a_text_model_cannot_read_is_refused_not_dropped(engine: RapidEngine) -> None:
@@ -389,7 +404,7 @@ def test_cli_wrong_types_are_usage_errors(document: Path) -> None:
 
 def test_cli_reads_cjk_emoji_and_control_characters_and_stops_across_tokens(
     document: Path,
-    tiny_model_dir: Path,  # noqa: F811 (the fixture imported above)
+    tiny_model_dir: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     argv = ["ask", str(document), "-q", "what deal? 你好 🎉", *tiny_args(tiny_model_dir, "--json")]

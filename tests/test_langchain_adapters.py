@@ -8,6 +8,7 @@ they report (text, usage, metadata), in a few seconds.
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -53,12 +54,12 @@ def tiny_engine(target: Any, tok: PreTrainedTokenizerBase) -> RapidEngine:
 
 @pytest.fixture
 def chat(tiny_engine: RapidEngine) -> ChatRapid:
-    return ChatRapid(engine=tiny_engine, max_tokens=40, rapid_kwargs={"ignore_eos": True})
+    return ChatRapid(engine=tiny_engine, max_tokens=40, rapid_config={"ignore_eos": True})
 
 
 @pytest.fixture
 def llm(tiny_engine: RapidEngine) -> RapidLLM:
-    return RapidLLM(engine=tiny_engine, max_tokens=40, rapid_kwargs={"ignore_eos": True})
+    return RapidLLM(engine=tiny_engine, max_tokens=40, rapid_config={"ignore_eos": True})
 
 
 class TokenCounter(BaseCallbackHandler):
@@ -116,25 +117,77 @@ def test_model_object_loads_its_engine_once_on_first_call(
 
 
 @pytest.mark.parametrize(
-    ("params", "message"),
+    ("params", "error", "message"),
     [
-        ({"eta": -1}, "eta: must be"),
-        ({"gamma": 0}, "gamma: must be"),
-        ({"rapid_kwargs": {"residual": "nope"}}, "residual: must be"),
-        ({"rapid_kwargs": {"bogus": 1}}, "bogus: unknown RapidConfig field"),
-        ({"rapid_kwargs": {"eta": 1.0}}, "through the fields of the same name"),
-        ({"api_key": "x"}, "Extra inputs are not permitted"),
-        ({"retriever": 42}, "retriever must be"),
+        ({"eta": -1}, RapidConfigError, "eta: must be"),
+        ({"gamma": 0}, RapidConfigError, "gamma: must be"),
+        ({"rapid_config": {"residual": "nope"}}, RapidConfigError, "residual: must be"),
+        ({"rapid_config": {"bogus": 1}}, RapidConfigError, "bogus: unknown RapidConfig field"),
+        ({"rapid_config": {"eta": 1.0}}, RapidConfigError, "the field of the same name"),
+        ({"draft_precision": "int4"}, RapidConfigError, "draft_precision: must be"),
+        ({"draft_device": "cpu"}, RapidConfigError, "draft_device: applies to a separate"),
+        ({"dtype": "float8"}, RapidConfigError, "dtype: "),
+        ({"model_kwargs": ["x"]}, ValidationError, "valid dictionary"),
+        ({"timeout": 0}, ValidationError, "greater than 0"),
+        ({"api_key": "x"}, ValidationError, "Extra inputs are not permitted"),
+        ({"retriever": 42}, RapidInputError, "retriever must be"),
     ],
 )
-def test_invalid_parameters_fail_at_construction(params: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValidationError, match=message):
+def test_invalid_parameters_fail_at_construction(
+    params: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
         ChatRapid(**params)
 
 
 def test_engine_and_model_are_exclusive(tiny_engine: RapidEngine) -> None:
-    with pytest.raises(ValidationError, match="either `engine` or `model`"):
-        RapidLLM(engine=tiny_engine, model="/some/model")
+    for given in ({"model": "/some/model"}, {"model_kwargs": {"revision": "main"}}):
+        with pytest.raises(RapidConfigError, match="not both") as caught:
+            RapidLLM(engine=tiny_engine, **given)
+        assert caught.value.field == "engine"
+
+
+def test_rapid_kwargs_still_works_with_a_deprecation_warning(tiny_engine: RapidEngine) -> None:
+    with pytest.warns(DeprecationWarning, match="`rapid_kwargs` is deprecated.*`rapid_config`"):
+        chat = ChatRapid(engine=tiny_engine, max_tokens=40, rapid_kwargs={"ignore_eos": True})
+    assert chat.rapid_config == {"ignore_eos": True}
+    assert chat.invoke(PROMPT).content == tiny_engine.generate(MESSAGES, **LONG).text
+
+
+def test_tokens_are_counted_with_the_models_tokenizer_without_weights(
+    monkeypatch: pytest.MonkeyPatch,
+    tiny_model_dir: Any,
+    tok: PreTrainedTokenizerBase,
+    tiny_engine: RapidEngine,
+) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("weights were loaded")
+
+    monkeypatch.setattr("rapid_integrations.engine.load_model", refuse)
+    chat = ChatRapid(model=str(tiny_model_dir))
+    assert chat.profile is not None and chat.profile["max_input_tokens"] == 512
+    assert chat.get_token_ids("abc def") == tok.encode("abc def", add_special_tokens=False)
+    assert chat.get_num_tokens("abc def") == 7  # one token per character, not GPT-2's 2
+    messages = [SystemMessage("ab"), HumanMessage("cd")]
+    as_dicts = [{"role": "system", "content": "ab"}, {"role": "user", "content": "cd"}]
+    assert chat.get_num_tokens_from_messages(messages) == tiny_engine.count_tokens(as_dicts)
+    assert RapidLLM(model=str(tiny_model_dir)).get_num_tokens("abc") == 3
+
+
+def test_cache_key_holds_the_retriever_and_the_draft_settings(tiny_engine: RapidEngine) -> None:
+    first, second = FixedRetriever(documents=[]), FixedRetriever(documents=[])
+    key = ChatRapid(engine=tiny_engine, retriever=first)._identifying_params
+    assert key == ChatRapid(engine=tiny_engine, retriever=first)._identifying_params
+    assert key != ChatRapid(engine=tiny_engine, retriever=second)._identifying_params
+    assert key != ChatRapid(engine=tiny_engine)._identifying_params
+    loaded = ChatRapid(model="m", draft_model="d")._identifying_params
+    assert loaded["draft_model"] == "d"
+    assert (
+        loaded != ChatRapid(model="m", draft_model="d", draft_precision="int8")._identifying_params
+    )
+    assert loaded != ChatRapid(model="m", draft_model="e")._identifying_params
+    quantized = ChatRapid(model="m", model_kwargs={"load_in_8bit": True})._identifying_params
+    assert loaded != quantized
 
 
 # ---- ChatRapid --------------------------------------------------------------------------------
@@ -238,12 +291,12 @@ def test_messages_map_to_chat_roles() -> None:
 @pytest.mark.parametrize(
     ("message", "match"),
     [
-        (ToolMessage("42", tool_call_id="call-1"), "ToolMessage is not supported"),
-        (FunctionMessage("42", name="add"), "FunctionMessage is not supported"),
+        (ToolMessage("42", tool_call_id="call-1"), "ToolMessage is not supported yet"),
+        (FunctionMessage("42", name="add"), "FunctionMessage is not supported yet"),
         (ChatMessage(role="critic", content="hm"), "ChatMessage is not supported"),
         (
             AIMessage("", tool_calls=[{"name": "add", "args": {}, "id": "call-1"}]),
-            "tool calls are not supported",
+            "an AI message with tool calls is not supported yet",
         ),
         (
             HumanMessage([{"type": "image", "url": "https://example.com/a.png"}]),
@@ -268,7 +321,7 @@ def test_prompt_over_the_window_raises_unless_truncation_is_chosen(chat: ChatRap
     with pytest.raises(ContextWindowExceededError) as caught:
         chat.invoke(too_long)
     assert caught.value.context_window == 512
-    head_tail = chat.model_copy(update={"rapid_kwargs": {"truncation": "head_tail"}})
+    head_tail = chat.model_copy(update={"rapid_config": {"truncation": "head_tail"}})
     assert head_tail.invoke(too_long, max_tokens=4).usage_metadata["input_tokens"] < 512
 
 
@@ -341,7 +394,7 @@ async def test_async_stream_reraises_worker_errors() -> None:
 
 
 def test_llm_invoke_matches_the_engine(llm: RapidLLM, tiny_engine: RapidEngine) -> None:
-    expected = tiny_engine.generate(PROMPT, **LONG)
+    expected = tiny_engine.generate(MESSAGES, **LONG)  # one user turn: the tokenizer has a template
     assert llm.invoke(PROMPT) == expected.text
     result = llm.generate([PROMPT, PROMPT])
     info = result.generations[0][0].generation_info
@@ -353,9 +406,30 @@ def test_llm_invoke_matches_the_engine(llm: RapidLLM, tiny_engine: RapidEngine) 
     assert result.llm_output["token_usage"]["completion_tokens"] == 2 * len(expected.token_ids)
 
 
+def test_llm_raw_completion_sends_the_string_as_it_is(
+    llm: RapidLLM, tiny_engine: RapidEngine
+) -> None:
+    raw = llm.model_copy(update={"raw_completion": True})
+    expected = tiny_engine.generate(PROMPT, **LONG)
+    assert raw.invoke(PROMPT) == expected.text != llm.invoke(PROMPT)
+    assert raw._identifying_params != llm._identifying_params
+
+
+def test_llm_without_a_chat_template_sends_the_string(
+    target: Any, tok: PreTrainedTokenizerBase
+) -> None:
+    plain = copy.deepcopy(tok)
+    plain.chat_template = None
+    engine = RapidEngine(target, tokenizer=plain)
+    assert (
+        RapidLLM(engine=engine, max_tokens=8).invoke(PROMPT)
+        == engine.generate(PROMPT, max_new_tokens=8).text
+    )
+
+
 def test_llm_stop_strings(llm: RapidLLM, tiny_engine: RapidEngine) -> None:
-    stop = stop_inside(tiny_engine.generate(PROMPT, **LONG).text)
-    expected = tiny_engine.generate(PROMPT, stop=[stop], **LONG).text
+    stop = stop_inside(tiny_engine.generate(MESSAGES, **LONG).text)
+    expected = tiny_engine.generate(MESSAGES, stop=[stop], **LONG).text
     assert llm.invoke(PROMPT, stop=[stop]) == expected
     assert llm.bind(stop=[stop]).invoke(PROMPT) == expected
     assert llm.model_copy(update={"stop": [stop]}).invoke(PROMPT) == expected
@@ -420,7 +494,7 @@ def test_adapter_rejects_other_sources() -> None:
 def test_chat_retriever_feeds_the_draft(tiny_engine: RapidEngine) -> None:
     retriever = FixedRetriever(documents=documents("abc abc"))
     chat = ChatRapid(
-        engine=tiny_engine, retriever=retriever, max_tokens=8, rapid_kwargs={"retrieval_budget": 8}
+        engine=tiny_engine, retriever=retriever, max_tokens=8, rapid_config={"retrieval_budget": 8}
     )
     assert isinstance(chat.retriever, RapidRetrieverAdapter)
     history = [HumanMessage("abc def " * 20), AIMessage("fed"), HumanMessage("def abc")]

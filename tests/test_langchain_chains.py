@@ -84,6 +84,13 @@ def _check_llm(ns: dict[str, Any]) -> None:
     assert draft_reads_less(info["rapid_stats"], 5)
 
 
+def _check_from_model_id(ns: dict[str, Any]) -> None:
+    assert "Paris" in ns["capital"]
+    question = "What is the capital of France?"
+    count = len(smol_tokenizer().encode(question, add_special_tokens=False))
+    assert ns["hf_style"].get_num_tokens(question) == count
+
+
 def _check_errors(ns: dict[str, Any]) -> None:
     assert isinstance(ns["rejected"], RapidInputError)
     assert "ToolMessage" in str(ns["rejected"])
@@ -97,6 +104,7 @@ CHECKS: dict[str, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
     "A conversation with message history": _check_history,
     "Streaming, async and batch": _check_streaming,
     "RapidLLM for string prompts": _check_llm,
+    "Coming from `HuggingFacePipeline`": _check_from_model_id,
     "Errors": _check_errors,
 }
 

@@ -22,7 +22,7 @@ SECTIONS = python_sections(DOC)
 
 def _check_setup(ns: dict[str, Any]) -> None:
     meta = ns["llm"].metadata
-    assert meta.context_window == ns["llm"].engine.context_window == 8192
+    assert meta.context_window == ns["llm"].get_engine().context_window == 8192
     assert meta.is_chat_model and meta.num_output == 24
 
 
@@ -31,6 +31,7 @@ def _check_compact(ns: dict[str, Any]) -> None:
     stats = ns["stats"]
     assert stats["mode"] == "rapid" and stats["retrieved_tokens"] > 0
     assert stats["draft_context_tokens"] * 3 < stats["target_context_tokens"]
+    assert "Paris" in ns["completion"].text  # a plain question, answered as a user turn
     assert ns["completion"].raw["rapid_stats"]["new_tokens"] > 0
 
 

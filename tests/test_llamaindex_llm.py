@@ -35,6 +35,7 @@ from rapid_integrations import (
     RapidEngine,
     RapidInputError,
 )
+from rapid_integrations.timeouts import RapidTimeoutError
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
 PROMPT = "abc def. ghi jkl abc."
@@ -88,26 +89,94 @@ class ListRetriever(BaseRetriever):
 # -- construction and metadata --------------------------------------------------------------
 
 
-def test_constructing_loads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+def refuse_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make any weight loading fail the test."""
+
     def refuse(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("a model was loaded at construction")
+        raise AssertionError("weights were loaded")
 
+    monkeypatch.setattr("rapid_integrations.engine.load_model", refuse)
     monkeypatch.setattr("rapid_integrations.models.load_default", refuse)
+    monkeypatch.setattr("rapid_integrations.models.ensure_default_model", refuse)
+
+
+def test_constructing_loads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    refuse_loading(monkeypatch)
     RapidLLM()
-    lazy = RapidLLM(target="/no/such/model")
+    RapidLLM(model="/no/such/model", eta=1.0, generate_kwargs={"top_p": 0.9})
+    monkeypatch.undo()
     with pytest.raises(ModelNotFoundError):
-        _ = lazy.engine
+        RapidLLM(model="/no/such/model").get_engine()
 
 
-def test_invalid_arguments_raise_the_package_errors(engine: RapidEngine) -> None:
-    with pytest.raises(RapidConfigError, match="mode"):
-        RapidLLM(engine=engine, mode="fast")
-    with pytest.raises(RapidConfigError, match="gamma"):
-        RapidLLM(engine=engine, generate_kwargs={"gamma": 0})
-    with pytest.raises(RapidConfigError, match="engine"):
-        RapidLLM("some/model", engine=engine)
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"mode": "fast"}, "mode"),
+        ({"eta": -1}, "eta"),
+        ({"generate_kwargs": {"gamma": 0}}, "gamma"),
+        ({"generate_kwargs": {"num_beams": 4}}, "num_beams"),
+        ({"generate_kwargs": {"bogus": 1}}, "bogus"),
+        ({"rapid_config": {"residual": "nope"}}, "residual"),
+        ({"temperature": 0.5, "generate_kwargs": {"temperature": 0.7}}, "temperature"),
+        ({"stopping_ids": [2]}, "stopping_ids"),
+        ({"timeout": 0}, "timeout"),
+        ({"draft_precision": "int4"}, "draft_precision"),
+        ({"api_key": "x"}, "api_key"),
+        ({"temprature": 0.5}, "temprature"),
+    ],
+)
+def test_invalid_arguments_raise_config_errors_naming_them(
+    arguments: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(RapidConfigError) as caught:
+        RapidLLM(**arguments)
+    assert caught.value.field == field
+
+
+def test_an_engine_with_model_arguments_is_one_error(engine: RapidEngine) -> None:
+    for given in ({"model": "some/model"}, {"model_kwargs": {"revision": "x"}}, {"dtype": "bf16"}):
+        with pytest.raises(RapidConfigError, match="not both") as caught:
+            RapidLLM(engine=engine, **given)
+        assert caught.value.field == "engine"
     with pytest.raises(RapidInputError, match="retrieve"):
         RapidLLM(engine=engine, retriever=object())
+
+
+def test_old_names_work_with_a_deprecation_warning(target: Any, tok: Any) -> None:
+    with pytest.warns(DeprecationWarning, match="`target` is deprecated.*`model`"):
+        llm = RapidLLM(target=target, tokenizer=tok)
+    with pytest.warns(DeprecationWarning, match="`engine` is deprecated.*`get_engine\\(\\)`"):
+        assert llm.engine.target is target
+    with pytest.warns(DeprecationWarning, match="`draft` is deprecated.*`draft_model`"):
+        assert RapidLLM(target, draft=target, tokenizer=tok).get_engine().draft is target
+    with pytest.warns(DeprecationWarning, match="`config` is deprecated.*`rapid_config`"):
+        old = RapidLLM(target, tokenizer=tok, config=RapidConfig(gamma=3, max_new_tokens=5))
+    assert old._overrides == {"gamma": 3, "max_new_tokens": 5}
+    assert old.complete(PROMPT).raw["rapid_stats"]["gamma"] == 3
+
+
+def test_metadata_reads_the_model_config_without_weights(
+    monkeypatch: pytest.MonkeyPatch, tok: Any, target: Any, tmp_path: Any
+) -> None:
+    target.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    refuse_loading(monkeypatch)
+    meta = RapidLLM(model=str(tmp_path), max_new_tokens=24).metadata
+    assert (meta.context_window, meta.num_output, meta.is_chat_model) == (512, 24, True)
+    assert meta.model_name == tmp_path.name
+    given = RapidLLM(model_name=str(tmp_path), context_window=300, is_chat_model=False).metadata
+    assert (given.context_window, given.is_chat_model, given.model_name) == (
+        300,
+        False,
+        str(tmp_path),
+    )
+
+
+def test_a_call_past_its_timeout_raises(engine: RapidEngine) -> None:
+    with pytest.raises(RapidTimeoutError):
+        RapidLLM(engine=engine, timeout=1e-9).complete(PROMPT)
+    assert RapidLLM(engine=engine, timeout=60).complete(PROMPT).text
 
 
 def test_metadata_is_the_engines(engine: RapidEngine) -> None:
@@ -123,7 +192,7 @@ def test_metadata_is_the_engines(engine: RapidEngine) -> None:
 
 def test_complete_returns_the_engine_output_and_stats(llm: RapidLLM, engine: RapidEngine) -> None:
     response = llm.complete(PROMPT)
-    expected = engine.generate(PROMPT)
+    expected = engine.generate([{"role": "user", "content": PROMPT}])  # the template's user turn
     assert response.text == expected.text
     stats = response.raw["rapid_stats"]
     assert stats == response.additional_kwargs["rapid_stats"]
@@ -167,12 +236,12 @@ def test_chat_passes_role_content_messages(
     llm: RapidLLM, engine: RapidEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[Any] = []
-    generate = engine.generate
-    monkeypatch.setattr(engine, "generate", lambda p, **kw: seen.append(p) or generate(p, **kw))
+    stream = engine.stream
+    monkeypatch.setattr(engine, "stream", lambda p, *a, **kw: seen.append(p) or stream(p, *a, **kw))
     response = llm.chat(MESSAGES)
     assert seen == [AS_DICTS]
     assert response.message.role == "assistant"
-    assert response.message.content == generate(AS_DICTS).text
+    assert response.message.content == engine.generate(AS_DICTS).text
     assert response.raw["rapid_stats"]["target_context_tokens"] == engine.count_tokens(AS_DICTS)
 
 
@@ -279,9 +348,9 @@ def test_an_explicit_query_or_query_fn_wins_over_extraction(engine: RapidEngine)
 # -- context window ---------------------------------------------------------------------------
 
 
-def test_a_prompt_beyond_the_window_raises_with_sizes(llm: RapidLLM) -> None:
+def test_a_prompt_beyond_the_window_raises_with_sizes(engine: RapidEngine) -> None:
     with pytest.raises(ContextWindowExceededError, match=r"600 tokens.*512 tokens") as err:
-        llm.complete("a" * 600)
+        RapidLLM(engine=engine, raw_completion=True).complete("a" * 600)
     assert (err.value.prompt_tokens, err.value.context_window) == (600, 512)
 
 

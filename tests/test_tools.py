@@ -119,6 +119,16 @@ def test_tools_need_chat_messages_and_no_second_grammar(engine):
         engine.generate(MESSAGES, tools=TOOLS, grammar=Grammar.json_object())
 
 
+def test_a_tokenizer_that_cannot_write_the_markup_gets_a_grammar_error(engine):
+    """Without a newline token the call markup cannot be written: a clear GrammarError, not
+    an all-zero p sampled into a token the matcher refuses; the engine serves on."""
+    tok = char_tokenizer(JSON_ALPHABET)
+    weak = RapidEngine(tiny_llama(len(tok), seed=5, window=2048), tokenizer=tok)
+    with pytest.raises(GrammarError, match="cannot write"):
+        weak.generate(MESSAGES, tools=TOOLS, tool_choice="required", max_new_tokens=40)
+    assert weak.generate(MESSAGES, max_new_tokens=4).finish_reason == "length"
+
+
 # ---- the call grammars -----------------------------------------------------------------------
 
 
