@@ -1,25 +1,32 @@
 """Tools and structured output over `rapid serve`: OpenAI `tools` / `tool_choice` /
 `response_format` reach the engine's tool calling and grammars (docs/algorithm.md sections
-10-11), calls come back as OpenAI `tool_calls` (whole, or streamed as deltas the SDK merges),
-and everything equals the in-process engine's output for the same call.
+10-11), calls come back as OpenAI `tool_calls` (whole, or streamed as deltas that the openai
+SDK and LangChain merge), and everything equals the in-process engine's output for the same
+call. Bad tools, choices and schemas get the OpenAI error shape, and the server serves on.
 
-The tiny model writes JSON with a character tokenizer that has JSON's characters.
+The tiny model writes JSON and the call markup with a character tokenizer that has JSON's
+characters and the newline.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
+from openai.lib._pydantic import to_strict_json_schema
+from pydantic import BaseModel, Field
 
-from rapid_integrations import RapidEngine
+from rapid_integrations import RapidEngine, RapidOutput
 from rapid_integrations.grammar import Grammar
-from tests.serve_fixtures import DTYPE, MODEL, live_server, save_tiny_model
-from tests.tiny import json_tokenizer
+from rapid_integrations.serve.calls import FINISH_REASONS
+from tests.serve_fixtures import DTYPE, MODEL, LiveServer, live_server, save_tiny_model
+from tests.tiny import JSON_ALPHABET, char_tokenizer
 
 WEATHER = {
     "type": "function",
@@ -44,17 +51,28 @@ ALARM = {
         },
     },
 }
+TOOLS = [WEATHER, ALARM]
+NAMED = {"type": "function", "function": {"name": "set_alarm"}}
+REQUIRED = {"tools": TOOLS, "tool_choice": "required"}
 CHAT = [{"role": "user", "content": "weather in paris"}]
 SCHEMA = {
+    "title": "answer",
     "type": "object",
     "properties": {"answer": {"type": "string", "maxLength": 5}, "sure": {"type": "boolean"}},
     "required": ["answer", "sure"],
 }
+JSON_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
+
+
+class Answer(BaseModel):
+    answer: str = Field(max_length=5)
+    sure: bool
 
 
 @pytest.fixture(scope="module")
 def json_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("tiny-json-model"), json_tokenizer())
+    tok = char_tokenizer(JSON_ALPHABET + "\n")
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-json-model"), tok, window=2048)
 
 
 @pytest.fixture(scope="module")
@@ -63,68 +81,106 @@ def json_reference(json_model_dir: Path) -> RapidEngine:
 
 
 @pytest.fixture(scope="module")
-def client(json_model_dir: Path) -> Iterator[openai.OpenAI]:
-    with live_server(json_model_dir) as server:
-        yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+def server(json_model_dir: Path) -> Iterator[LiveServer]:
+    with live_server(json_model_dir) as live:
+        yield live
 
 
-def openai_calls(reference_output: Any) -> list[tuple[str, dict[str, Any]]]:
-    return [(c.name, c.arguments) for c in reference_output.tool_calls]
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def engine_calls(output: RapidOutput) -> list[tuple[str, dict[str, Any]]]:
+    return [(c.name, c.arguments) for c in output.tool_calls]
+
+
+def api_calls(message: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(name, arguments) of an SDK message's tool calls, checking their ids and type."""
+    calls = message.tool_calls or []
+    assert all(re.fullmatch(r"call_[0-9a-f]{24}", c.id) and c.type == "function" for c in calls)
+    assert len({c.id for c in calls}) == len(calls)
+    return [(c.function.name, json.loads(c.function.arguments)) for c in calls]
+
+
+def strict(tool: dict[str, Any]) -> dict[str, Any]:
+    """The tool marked `strict` (the SDK's stream helper parses only strict tools' arguments;
+    the server enforces every tool's schema anyway)."""
+    return {**tool, "function": {**tool["function"], "strict": True}}
+
+
+def post(server: LiveServer, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+
+
+# ---- tool calls ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "tool_choice",
-    ["required", {"type": "function", "function": {"name": "set_alarm"}}],
-    ids=["required", "named"],
+    "tool_choice", ["auto", "required", NAMED], ids=["auto", "required", "named"]
 )
 def test_tool_calls_equal_the_engine(
     client: openai.OpenAI, json_reference: RapidEngine, tool_choice: Any
 ) -> None:
     out = client.chat.completions.create(
-        model=MODEL, messages=CHAT, tools=[WEATHER, ALARM], tool_choice=tool_choice, max_tokens=80
+        model=MODEL, messages=CHAT, tools=TOOLS, tool_choice=tool_choice, max_tokens=120
     )
     expected = json_reference.generate(
-        CHAT, tools=[WEATHER, ALARM], tool_choice=tool_choice, max_new_tokens=80
+        CHAT, tools=TOOLS, tool_choice=tool_choice, max_new_tokens=120
     )
-    assert expected.tool_calls, "the grammar forces at least one call"
+    if tool_choice != "auto":
+        assert expected.tool_calls, "the grammar forces a call (and 120 tokens fit one)"
     message = out.choices[0].message
-    got = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls]
-    assert got == openai_calls(expected)
-    assert all(c.id and c.type == "function" for c in message.tool_calls)
-    assert out.choices[0].finish_reason == "tool_calls"
-    if isinstance(tool_choice, dict):
-        assert {name for name, _ in got} == {"set_alarm"}
+    assert api_calls(message) == engine_calls(expected)
+    assert message.content == (expected.text or None if expected.tool_calls else expected.text)
+    assert out.choices[0].finish_reason == FINISH_REASONS[expected.finish_reason]
+    assert out.usage.completion_tokens == len(expected.token_ids)
+    if tool_choice == NAMED:
+        assert [name for name, _ in api_calls(message)] == ["set_alarm"]
 
 
+@pytest.mark.parametrize("tool_choice", ["auto", "required"])
 def test_streamed_tool_calls_merge_into_the_engines_calls(
+    client: openai.OpenAI, json_reference: RapidEngine, tool_choice: str
+) -> None:
+    """The SDK's stream helper merges the tool-call deltas (and parses strict arguments)."""
+    with client.chat.completions.stream(
+        model=MODEL,
+        messages=CHAT,
+        tools=[strict(t) for t in TOOLS],
+        tool_choice=tool_choice,
+        max_tokens=120,
+    ) as stream:
+        content = "".join(e.delta for e in stream if e.type == "content.delta")
+        final = stream.get_final_completion()
+    expected = json_reference.generate(
+        CHAT, tools=TOOLS, tool_choice=tool_choice, max_new_tokens=120
+    )
+    message = final.choices[0].message
+    assert api_calls(message) == engine_calls(expected)
+    assert [c.function.parsed_arguments for c in message.tool_calls or []] == [
+        c.arguments for c in expected.tool_calls
+    ]
+    assert content == expected.text and "<tool_call>" not in content
+    assert final.choices[0].finish_reason == FINISH_REASONS[expected.finish_reason]
+
+
+def test_parallel_tool_calls_false_answers_the_first_call(
     client: openai.OpenAI, json_reference: RapidEngine
 ) -> None:
-    chunks = list(
-        client.chat.completions.create(
-            model=MODEL,
-            messages=CHAT,
-            tools=[WEATHER],
-            tool_choice="required",
-            max_tokens=80,
-            stream=True,
-        )
+    expected = json_reference.generate(CHAT, max_new_tokens=400, **REQUIRED)
+    assert len(expected.tool_calls) >= 2, "the model calls several tools here"
+    many = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=400, **REQUIRED)
+    one = client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=400, parallel_tool_calls=False, **REQUIRED
     )
-    merged: dict[int, dict[str, str]] = {}
-    for c in chunks:
-        for d in (c.choices[0].delta.tool_calls or []) if c.choices else []:
-            entry = merged.setdefault(d.index, {"name": "", "arguments": ""})
-            entry["name"] += d.function.name or ""
-            entry["arguments"] += d.function.arguments or ""
-    expected = json_reference.generate(
-        CHAT, tools=[WEATHER], tool_choice="required", max_new_tokens=80
-    )
-    got = [(e["name"], json.loads(e["arguments"])) for _, e in sorted(merged.items())]
-    assert got == openai_calls(expected)
-    assert chunks[-1].choices[0].finish_reason == "tool_calls"
-    assert "<tool_call>" not in "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert api_calls(many.choices[0].message) == engine_calls(expected)
+    assert api_calls(one.choices[0].message) == engine_calls(expected)[:1]
 
 
-def test_a_tool_result_turn_is_accepted(client: openai.OpenAI, json_reference: RapidEngine) -> None:
+def test_a_tool_result_turn_is_rendered_as_the_engine_does(
+    client: openai.OpenAI, json_reference: RapidEngine
+) -> None:
     call = {
         "id": "call_1",
         "type": "function",
@@ -132,7 +188,7 @@ def test_a_tool_result_turn_is_accepted(client: openai.OpenAI, json_reference: R
     }
     messages = [
         *CHAT,
-        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "sunny"},
     ]
     out = client.chat.completions.create(
@@ -141,17 +197,18 @@ def test_a_tool_result_turn_is_accepted(client: openai.OpenAI, json_reference: R
     expected = json_reference.generate(
         messages, tools=[WEATHER], tool_choice="none", max_new_tokens=10
     )
+    assert out.usage.prompt_tokens == expected.prompt_tokens
     assert out.choices[0].message.content == expected.text
     assert out.choices[0].message.tool_calls is None
+
+
+# ---- structured output -----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("response_format", "grammar"),
     [
-        (
-            {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}},
-            Grammar.json_schema(SCHEMA),
-        ),
+        (JSON_SCHEMA_FORMAT, Grammar.json_schema(SCHEMA)),
         ({"type": "json_object"}, Grammar.json_object()),
     ],
     ids=["json_schema", "json_object"],
@@ -164,49 +221,159 @@ def test_response_format_constrains_the_output_like_the_engine(
     )
     expected = json_reference.generate(CHAT, grammar=grammar, max_new_tokens=60)
     assert out.choices[0].message.content == expected.text
-    if expected.finish_reason != "length":
-        value = json.loads(out.choices[0].message.content)
-        assert isinstance(value, dict)
-        if response_format["type"] == "json_schema":
-            assert set(value) == {"answer", "sure"} and isinstance(value["sure"], bool)
+    assert out.choices[0].finish_reason == FINISH_REASONS[expected.finish_reason] == "stop"
+    value = json.loads(out.choices[0].message.content)
+    assert isinstance(value, dict)
+    if response_format["type"] == "json_schema":
+        Answer.model_validate(value)
+
+
+def test_sdk_parse_with_a_pydantic_model(client: openai.OpenAI, json_reference: RapidEngine):
+    """`client.chat.completions.parse(response_format=Model)`: the SDK sends the model's
+    strict JSON schema and parses the answer into the model."""
+    out = client.chat.completions.parse(
+        model=MODEL, messages=CHAT, response_format=Answer, max_tokens=60
+    )
+    grammar = Grammar.json_schema(to_strict_json_schema(Answer))
+    expected = json_reference.generate(CHAT, grammar=grammar, max_new_tokens=60)
+    assert out.choices[0].message.parsed == Answer.model_validate_json(expected.text)
 
 
 @pytest.mark.parametrize(
-    ("body", "param"),
+    ("body", "engine_kwargs", "max_tokens"),
     [
-        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": JSON_SCHEMA_FORMAT}, {"grammar": Grammar.json_schema(SCHEMA)}, 6),
+        (REQUIRED, REQUIRED, 20),
+    ],
+    ids=["json_schema", "tool_call"],
+)
+def test_a_cut_off_structured_answer_is_length(
+    client: openai.OpenAI,
+    json_reference: RapidEngine,
+    body: dict,
+    engine_kwargs: dict,
+    max_tokens: int,
+) -> None:
+    """Cut off by max_tokens: finish_reason "length", the partial JSON as the engine wrote it,
+    and a partial call is no call."""
+    out = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=max_tokens, **body)
+    expected = json_reference.generate(CHAT, max_new_tokens=max_tokens, **engine_kwargs)
+    assert out.choices[0].finish_reason == expected.finish_reason == "length"
+    assert out.choices[0].message.content == expected.text
+    assert out.choices[0].message.tool_calls is None and not expected.tool_calls
+
+
+# ---- bad input -------------------------------------------------------------------------------
+
+BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": 3}}}
+BAD_CALL = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{"}}
+BAD_CALL_TURN = {"role": "assistant", "tool_calls": [BAD_CALL]}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "match"),
+    [
+        ({"tools": [WEATHER, WEATHER]}, 400, "tools", "unique.*get_weather"),
+        ({"tools": [{"type": "function"}]}, 400, "tools", "tool 0 must be"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": BAD_SCHEMA}}]},
+            400,
+            "tools",
+            "invalid JSON schema",
+        ),
+        ({"tools": TOOLS, "tool_choice": "send_email"}, 400, "tool_choice", "names no given"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function"}}, 400, "tool_choice", "names no"),
+        ({"tool_choice": "required"}, 400, "tool_choice", "without tools"),
+        ({"tool_choice": 3}, 422, "tool_choice", ""),
+        ({"response_format": {"type": "xml"}}, 422, "response_format.type", ""),
         (
             {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
-            "response_format",
+            422,
+            "response_format.json_schema",
+            "schema",
         ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": BAD_SCHEMA}}},
+            400,
+            "response_format.json_schema.schema",
+            "invalid JSON schema",
+        ),
+        (
+            {"tools": TOOLS, "response_format": {"type": "json_object"}},
+            400,
+            "response_format",
+            "tools",
+        ),
+        ({"messages": [*CHAT, BAD_CALL_TURN]}, 400, None, "not JSON"),
     ],
+    ids=lambda v: None if isinstance(v, dict) else str(v)[:30],
 )
-def test_bad_response_formats_are_422(client: openai.OpenAI, body: dict, param: str) -> None:
-    with pytest.raises(openai.UnprocessableEntityError) as info:
-        client.chat.completions.create(model=MODEL, messages=CHAT, extra_body=body)
-    assert info.value.body["param"] == param
+def test_bad_tools_and_formats_get_the_openai_error_shape(
+    server: LiveServer, body: dict, status: int, param: str | None, match: str
+) -> None:
+    r = post(server, {"model": MODEL, "messages": CHAT, "max_tokens": 4, **body})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param and re.search(match, error["message"]), error
+    assert post(server, {"model": MODEL, "messages": CHAT, "max_tokens": 4}).status_code == 200
 
 
-def test_bad_tools_are_400_with_the_engines_message(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError, match="tool"):
-        client.chat.completions.create(
-            model=MODEL, messages=CHAT, tools=[WEATHER], tool_choice="send_email"
-        )
-    with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=MODEL, messages=CHAT, tools=[{"type": "function"}])
+UNWRITABLE = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": ["Zed"]}}}
 
 
+def test_a_grammar_error_while_decoding_is_400_and_the_server_serves_on(
+    server: LiveServer, client: openai.OpenAI
+) -> None:
+    """The tokenizer has no capital letters: the engine's GrammarError ("cannot write") is a
+    400 for a whole response, an error event the SDK raises in a stream; the slot is freed."""
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 8, "response_format": UNWRITABLE}
+    r = post(server, body)
+    assert r.status_code == 400 and "cannot write" in r.json()["error"]["message"]
+    with pytest.raises(openai.APIError, match="cannot write"):
+        for _ in client.chat.completions.create(**body, stream=True):
+            pass
+    for _ in range(server.app.state.server.settings.max_running + 1):
+        assert post(server, {"model": MODEL, "messages": CHAT, "max_tokens": 2}).status_code == 200
+
+
+# ---- LangChain, the client agents use ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "engine_choice"), [("required", "required"), ("set_alarm", NAMED)]
+)
 def test_langchain_bind_tools_gets_the_engines_calls(
-    json_model_dir: Path, json_reference: RapidEngine
+    server: LiveServer, json_reference: RapidEngine, tool_choice: str, engine_choice: Any
+) -> None:
+    from langchain_core.messages import AIMessageChunk
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(
+        model=MODEL, base_url=server.url + "/v1", api_key="unused", max_tokens=120, max_retries=0
+    )
+    bound = llm.bind_tools(TOOLS, tool_choice=tool_choice)
+    expected = json_reference.generate(
+        CHAT, tools=TOOLS, tool_choice=engine_choice, max_new_tokens=120
+    )
+    assert expected.tool_calls
+    message = bound.invoke("weather in paris")
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == engine_calls(expected)
+    streamed = AIMessageChunk(content="")
+    for part in bound.stream("weather in paris"):
+        streamed += part
+    assert [(c["name"], c["args"]) for c in streamed.tool_calls] == engine_calls(expected)
+    assert all(c["id"] for c in message.tool_calls + streamed.tool_calls)
+
+
+def test_langchain_structured_output_gets_the_engines_json(
+    server: LiveServer, json_reference: RapidEngine
 ) -> None:
     from langchain_openai import ChatOpenAI
 
-    with live_server(json_model_dir) as server:
-        llm = ChatOpenAI(
-            model=MODEL, base_url=server.url + "/v1", api_key="unused", temperature=0, max_tokens=80
-        )
-        message = llm.bind_tools([WEATHER], tool_choice="required").invoke("weather in paris")
-    expected = json_reference.generate(
-        CHAT, tools=[WEATHER], tool_choice="required", max_new_tokens=80
+    llm = ChatOpenAI(
+        model=MODEL, base_url=server.url + "/v1", api_key="unused", max_tokens=60, max_retries=0
     )
-    assert [(c["name"], c["args"]) for c in message.tool_calls] == openai_calls(expected)
+    got = llm.with_structured_output(SCHEMA, method="json_schema").invoke("weather in paris")
+    expected = json_reference.generate(CHAT, grammar=Grammar.json_schema(SCHEMA), max_new_tokens=60)
+    assert got == json.loads(expected.text)
