@@ -114,7 +114,7 @@ class ChatCompletionRequest(_Request):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: Any = None  # a name, a choice or {"function": {"name"}}: Tools.parse checks it
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
 
