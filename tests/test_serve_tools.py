@@ -26,7 +26,8 @@ from rapid_integrations import RapidEngine, RapidOutput
 from rapid_integrations.grammar import Grammar
 from rapid_integrations.serve.calls import FINISH_REASONS
 from rapid_integrations.tools import CALL_OPEN
-from tests.serve_fixtures import DTYPE, MODEL, LiveServer, live_server, save_tiny_model
+from tests.serve_fixtures import DTYPE, MODEL, LiveServer, live_server, metric, save_tiny_model
+from tests.test_serve_faults import metrics_of, wait_until
 from tests.tiny import JSON_ALPHABET, char_tokenizer
 
 WEATHER = {
@@ -365,15 +366,16 @@ def test_a_grammar_error_while_decoding_is_400_and_the_server_serves_on(
     server: LiveServer, client: openai.OpenAI
 ) -> None:
     """The tokenizer has no capital letters: the engine's GrammarError ("cannot write") is a
-    400 for a whole response, an error event the SDK raises in a stream; the slot is freed."""
+    400 for a whole response, an error event the SDK raises in a stream; the slots and the engine streams are freed."""
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 8, "response_format": UNWRITABLE}
     r = post(server, body)
     assert r.status_code == 400 and "cannot write" in r.json()["error"]["message"]
     with pytest.raises(openai.APIError, match="cannot write"):
         for _ in client.chat.completions.create(**body, stream=True):
             pass
-    for _ in range(server.app.state.server.settings.max_running + 1):
-        assert post(server, {"model": MODEL, "messages": CHAT, "max_tokens": 2}).status_code == 200
+    for name in ("rapid_running_requests", "rapid_open_streams"):
+        assert wait_until(lambda name=name: metric(metrics_of(server), name) == 0, 10), name
+    assert post(server, {"model": MODEL, "messages": CHAT, "max_tokens": 2}).status_code == 200
 
 
 # ---- LangChain, the client agents use ----------------------------------------------------------
