@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PreTrainedTokenizerFast
 
 from rapid_integrations import RapidEngine
 from rapid_integrations.serve import ServeSettings, create_app
@@ -25,10 +26,13 @@ MODEL = "tiny"
 DTYPE = "float32"
 
 
-def save_tiny_model(folder: Path) -> Path:
-    """A tiny random Llama and its character tokenizer, saved as a model folder."""
-    tok = char_tokenizer()
-    tiny_llama(len(tok), seed=1, window=1024, dtype=torch.float32).save_pretrained(folder)
+def save_tiny_model(
+    folder: Path, tok: PreTrainedTokenizerFast | None = None, window: int = 1024
+) -> Path:
+    """A tiny random Llama with a `window`-token context and its character tokenizer (default
+    `char_tokenizer()`), saved as a model folder."""
+    tok = tok or char_tokenizer()
+    tiny_llama(len(tok), seed=1, window=window, dtype=torch.float32).save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
 
