@@ -26,8 +26,16 @@ from rapid_integrations import RapidEngine, RapidOutput
 from rapid_integrations.grammar import Grammar
 from rapid_integrations.serve.calls import FINISH_REASONS
 from rapid_integrations.tools import CALL_OPEN
-from tests.serve_fixtures import DTYPE, MODEL, LiveServer, live_server, metric, save_tiny_model
-from tests.test_serve_faults import metrics_of, wait_until
+from tests.serve_fixtures import (
+    DTYPE,
+    MODEL,
+    LiveServer,
+    live_server,
+    metric,
+    metrics_of,
+    save_tiny_model,
+    wait_until,
+)
 from tests.tiny import JSON_ALPHABET, char_tokenizer
 
 WEATHER = {
