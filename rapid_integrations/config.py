@@ -103,6 +103,8 @@ class RapidConfig:
     #     accepted all it asked for, -1 after a rejection, within [1, gamma_max];
     # speculate_min_context  prompts of fewer target tokens are decoded by the target alone
     #     (mode "lc": below some length a draft step costs too much to pay off; 0 = never);
+    #     "auto" measures it on each call instead: one plain target step is timed, and the
+    #     call stops drafting once its speculative passes emit tokens slower than that;
     # lookup_ngram  > 0 drafts by copying first: the continuation of the latest earlier
     #     occurrence of the last n tokens (n = lookup_ngram down to 2) in C^S, the prompt and
     #     the output; the model drafts where nothing matches (0 = off; a single token would
@@ -110,7 +112,7 @@ class RapidConfig:
     draft_confidence_threshold: float = 0.0
     adaptive_gamma: bool = False
     gamma_max: int = 32
-    speculate_min_context: int = 0
+    speculate_min_context: int | Literal["auto"] = 0
     lookup_ngram: int = 0
 
     def __post_init__(self) -> None:
@@ -198,7 +200,11 @@ _DRAFTING_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("draft_confidence_threshold", lambda v: _real(v) and 0 <= v <= 1, "must be in [0, 1]"),
     ("adaptive_gamma", lambda v: isinstance(v, bool), "must be a bool"),
     ("gamma_max", lambda v: _int(v) and 1 <= v <= 64, "must be an integer in [1, 64]"),
-    ("speculate_min_context", lambda v: _int(v) and v >= 0, "must be an integer >= 0"),
+    (
+        "speculate_min_context",
+        lambda v: v == "auto" or (_int(v) and v >= 0),
+        "must be an integer >= 0 or 'auto'",
+    ),
     (
         "lookup_ngram",
         lambda v: _int(v) and (v == 0 or 2 <= v <= 8),

@@ -123,21 +123,51 @@ class GammaSchedule:
     Fixed `gamma`, or with `adaptive_gamma` transformers' heuristic: +2 after a pass that
     drafted and accepted all it asked for, -1 after a rejection, within [1, gamma_max]; a pass
     whose drafter stopped early and was accepted whole leaves it unchanged.
+
+    With `speculate_min_context="auto"` the first pass is a plain target step (no drafts),
+    timed; after `PAYOFF_PASSES` drafting passes, the call stops drafting (gamma 0 for good)
+    while their tokens per second fall below the plain step's 1 / seconds. Speculation that
+    loses on this device at this length thus costs a few passes, not the whole call.
     """
+
+    PAYOFF_PASSES = 4
+    """Drafting passes timed before they are judged: one pass's tokens vary too much."""
 
     def __init__(self, config: RapidConfig) -> None:
         self._adaptive = config.adaptive_gamma
         self._max = config.gamma_max
-        self.gamma = min(config.gamma, self._max) if self._adaptive else config.gamma
+        self._gamma = min(config.gamma, self._max) if self._adaptive else config.gamma
+        self._auto = config.speculate_min_context == "auto"
+        self._plain_step: float | None = None  # seconds of the timed plain target step
+        self._passes, self._tokens, self._seconds = 0, 0, 0.0  # drafting passes, summed
+        self.stopped = False  # speculation measured slower than the target alone
 
-    def update(self, asked: int, drafted: int, accepted: int) -> None:
-        """After a pass that asked for `asked` drafts, got `drafted` and accepted `accepted`."""
+    @property
+    def gamma(self) -> int:
+        if self._auto and (self._plain_step is None or self.stopped):
+            return 0
+        return self._gamma
+
+    def update(self, asked: int, drafted: int, accepted: int, seconds: float = 0.0) -> None:
+        """After a pass that asked for `asked` drafts, got `drafted` and accepted `accepted`
+        (emitting accepted + 1 tokens) in `seconds` of wall time."""
+        if self._auto:
+            self._time(asked, accepted + 1, seconds)
         if not self._adaptive or asked == 0:
             return
         if accepted < drafted:
-            self.gamma = max(1, self.gamma - 1)
+            self._gamma = max(1, self._gamma - 1)
         elif drafted == asked:
-            self.gamma = min(self._max, self.gamma + 2)
+            self._gamma = min(self._max, self._gamma + 2)
+
+    def _time(self, asked: int, emitted: int, seconds: float) -> None:
+        if asked == 0:
+            self._plain_step = self._plain_step or seconds
+            return
+        self._passes, self._tokens = self._passes + 1, self._tokens + emitted
+        self._seconds += seconds
+        if self._passes >= self.PAYOFF_PASSES and self._tokens * self._plain_step < self._seconds:
+            self.stopped = True
 
 
 class LookupProposer:

@@ -78,6 +78,7 @@ def speculate(
     """
     schedule = GammaSchedule(cfg)
     while True:
+        start = time.perf_counter()
         asked = min(schedule.gamma, budget() - 1) if proposer else 0
         x, q = proposer.propose(asked) if proposer and asked > 0 else (target.pending[:0], None)
         gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)
@@ -91,7 +92,8 @@ def speculate(
             constraints.settle(n, token)
         if proposer:
             proposer.commit(n, gamma, token)
-        schedule.update(asked, gamma, n)
+        schedule.update(asked, gamma, n, time.perf_counter() - start)
+        stats.speculation_stopped = schedule.stopped
         stats.drafted_tokens += gamma
         stats.accepted_tokens += n
         yield x[:n].tolist() + token.tolist()
@@ -435,7 +437,8 @@ class RapidEngine:
         stats = RapidStats(mode=mode, eta=cfg.eta, gamma=cfg.gamma, seed=seed)
         prompt, template = self._with_tools(prompt, tools)
         ids = self._fit(self._encode(prompt, template), self.target, cfg)
-        if mode in ("rapid", "sd") and len(ids) < cfg.speculate_min_context:
+        short = isinstance(cfg.speculate_min_context, int) and len(ids) < cfg.speculate_min_context
+        if mode in ("rapid", "sd") and short:
             mode = "lc"  # too short for speculation to pay off (docs/algorithm.md section 2.9)
         if mode in ("rapid", "rag") and draft_prompt is None:
             draft_prompt, mode = self._retrieve(prompt, ids, retriever, query, cfg, stats, mode)

@@ -48,6 +48,9 @@ class RapidStats:
     mean_accepted_per_pass: float = 0.0
     lookup_drafted_tokens: int = 0  # of drafted_tokens, those the lookup proposer copied
     lookup_accepted_tokens: int = 0
+    # speculate_min_context="auto" measured drafting slower than the target alone and stopped
+    # it for the rest of the call (docs/algorithm.md section 2.9).
+    speculation_stopped: bool = False
 
     def finalize(self) -> RapidStats:
         """Fill the derived rates from the counters; returns self."""

@@ -282,20 +282,27 @@ def run_ray(args: argparse.Namespace, docs: list[str], client_counts: list[int])
         served_model_name=MODEL_ID,
         max_running=max(client_counts),
     )
+    url = f"http://127.0.0.1:{port}"
+    out = []
     try:
-        ray_app.start(
-            settings, host="127.0.0.1", port=port, replicas=args.replicas, cpus=args.replica_cpus
-        )
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(2 * args.replicas):  # requests without a session spread over replicas
-            warm_up(url)
-        out = []
         for affinity in (True, False):
+            # Fresh replicas for each mode: caches warmed by the other mode would hide the
+            # prefills that affinity saves.
+            ray_app.start(
+                settings,
+                host="127.0.0.1",
+                port=port,
+                replicas=args.replicas,
+                cpus=args.replica_cpus,
+            )
+            for _ in range(2 * args.replicas):  # requests without a session spread over replicas
+                warm_up(url)
             for clients in client_counts:
                 seconds, ttfts, hits = asyncio.run(http_clients(url, args, docs, clients, affinity))
                 name = f"ray x{args.replicas}" + (" affinity" if affinity else " no affinity")
                 out.append(figures(name, clients, seconds, ttfts, hits))
                 print(out[-1], file=sys.stderr)
+            serve.delete(ray_app.APP_NAME)
         return out
     finally:
         serve.shutdown()

@@ -10,12 +10,14 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
+from transformers import PreTrainedTokenizerFast
 
 from rapid_integrations import RapidEngine
 from rapid_integrations.serve import ServeSettings, create_app
@@ -25,10 +27,13 @@ MODEL = "tiny"
 DTYPE = "float32"
 
 
-def save_tiny_model(folder: Path) -> Path:
-    """A tiny random Llama and its character tokenizer, saved as a model folder."""
-    tok = char_tokenizer()
-    tiny_llama(len(tok), seed=1, window=1024, dtype=torch.float32).save_pretrained(folder)
+def save_tiny_model(
+    folder: Path, tok: PreTrainedTokenizerFast | None = None, window: int = 1024
+) -> Path:
+    """A tiny random Llama with a `window`-token context and its character tokenizer (default
+    `char_tokenizer()`), saved as a model folder."""
+    tok = tok or char_tokenizer()
+    tiny_llama(len(tok), seed=1, window=window, dtype=torch.float32).save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
 
@@ -91,3 +96,16 @@ def metric(text: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise KeyError(name)
+
+
+def metrics_of(server: LiveServer) -> str:
+    return httpx.get(server.url + "/metrics").text
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()

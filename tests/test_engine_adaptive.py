@@ -5,6 +5,9 @@ a one-hot q and eta > 0 one emitted token follows the law of section 4."""
 
 from __future__ import annotations
 
+import copy
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -133,6 +136,63 @@ def test_speculation_below_min_context_is_target_alone(engines, target, tok):
     assert on.stats.mode == "rapid" and on.stats.drafted_tokens > 0
 
 
+def test_auto_payoff_stops_drafting_only_when_it_loses():
+    """One plain step of 10 ms is 100 tok/s. Four drafting passes emitting 1 token in 50 ms
+    each (20 tok/s) lose: gamma is 0 from then on. Passes emitting 5 tokens in 20 ms
+    (250 tok/s) win: gamma stays."""
+    cfg = RapidConfig(gamma=4, speculate_min_context="auto")
+    for emitted, seconds, stops in [(1, 0.05, True), (5, 0.02, False)]:
+        schedule = GammaSchedule(cfg)
+        assert schedule.gamma == 0  # the timed plain step comes first
+        schedule.update(0, 0, 0, 0.01)
+        for _ in range(GammaSchedule.PAYOFF_PASSES - 1):
+            assert schedule.gamma == 4
+            schedule.update(4, 4, emitted - 1, seconds)
+        assert schedule.gamma == 4 and not schedule.stopped  # not judged before 4 passes
+        schedule.update(4, 4, emitted - 1, seconds)
+        assert schedule.stopped is stops
+        assert schedule.gamma == (0 if stops else 4)
+
+
+def slowed(model: torch.nn.Module, seconds: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every forward pass of `model` takes `seconds` longer (restored after the test)."""
+    forward = model.forward
+
+    def slow(*args, **kwargs):
+        time.sleep(seconds)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", slow)
+
+
+def test_auto_stops_a_draft_slower_than_the_target_and_stays_exact(tok, target, draft, monkeypatch):
+    engine = RapidEngine(
+        target, draft, tokenizer=tok, config=RapidConfig(eta=0.0, max_new_tokens=24)
+    )
+    slowed(draft, 0.02, monkeypatch)  # a draft step 10x+ a tiny target step
+    prompt = "abcdefghijkl" * 2
+    out = engine.generate(prompt, "abc", speculate_min_context="auto", ignore_eos=True)
+    assert out.token_ids == reference_greedy(target, tok.encode(prompt), 24, len(tok))
+    assert out.stats.speculation_stopped
+    assert out.stats.drafted_tokens <= GammaSchedule.PAYOFF_PASSES * RapidConfig().gamma
+
+
+def test_auto_keeps_a_draft_that_pays(tok, target, monkeypatch):
+    """The target's own copy drafts (every draft accepted) while the target is slowed: a pass
+    of 8 fast drafts and one slow verify emits 9 tokens for about one plain step's time."""
+    engine = RapidEngine(
+        target, copy.deepcopy(target), tokenizer=tok, config=RapidConfig(eta=0.0, gamma=8)
+    )
+    slowed(target, 0.02, monkeypatch)
+    prompt = "abcdefghijkl" * 2
+    out = engine.generate(
+        prompt, prompt, speculate_min_context="auto", ignore_eos=True, max_new_tokens=40
+    )
+    assert out.token_ids == reference_greedy(target, tok.encode(prompt), 40, len(tok))
+    assert not out.stats.speculation_stopped
+    assert out.stats.accepted_tokens >= 30
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
@@ -141,6 +201,7 @@ def test_speculation_below_min_context_is_target_alone(engines, target, tok):
         ("gamma_max", 0),
         ("gamma_max", 65),
         ("speculate_min_context", -1),
+        ("speculate_min_context", "always"),
         ("lookup_ngram", 1),
         ("lookup_ngram", 9),
     ],

@@ -271,18 +271,6 @@ def test_bad_requests_get_the_openai_error_shape(
     assert post(server, "/v1/chat/completions", GOOD).status_code == 200
 
 
-@pytest.mark.parametrize("field", ["tools", "tool_choice", "response_format"])
-def test_tool_and_format_fields_are_refused_until_supported(server: LiveServer, field: str) -> None:
-    value = {
-        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
-        "tool_choice": "auto",
-        "response_format": {"type": "json_object"},
-    }[field]
-    r = post(server, "/v1/chat/completions", {**GOOD, field: value})
-    assert r.status_code == 400 and r.json()["error"]["param"] == field
-    assert "not supported yet" in r.json()["error"]["message"]
-
-
 def test_completion_refusals(server: LiveServer) -> None:
     base = {"model": MODEL, "prompt": "a cab", "max_tokens": 2}
     for extra, param in [

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tests.hardening import patched_forward, slow_down, track_caches
-from tests.serve_fixtures import MODEL, LiveServer, live_server, metric
+from tests.serve_fixtures import MODEL, live_server, metric, metrics_of, wait_until
 
 LONG = {
     "model": MODEL,
@@ -31,19 +31,6 @@ MEDIUM = {**LONG, "max_tokens": 40}
 SHORT = {**LONG, "max_tokens": 3}
 SDK_SHORT = {"model": MODEL, "messages": LONG["messages"], "max_tokens": 3}  # no RAPID fields
 STEP_SECONDS = 0.02  # added to every forward pass (a step is gamma + 1 passes)
-
-
-def metrics_of(server: LiveServer) -> str:
-    return httpx.get(server.url + "/metrics").text
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:

@@ -174,9 +174,14 @@ PRESETS: dict[str, dict[str, Any]] = {
 LONG_CACHE_BYTES = 1 << 33
 """Prefix cache bound of the long suite: a 64K prompt's KV must stay stored for the methods
 after `lc` (SmolLM2 bf16: 1.5 GB)."""
-ADAPTIVE = (("adaptive_gamma", True), ("draft_confidence_threshold", 0.4))
+ADAPTIVE = (
+    ("adaptive_gamma", True),
+    ("draft_confidence_threshold", 0.4),
+    ("speculate_min_context", "auto"),
+)
 """The adaptive variant: gamma moves with acceptance, drafting stops below q(x) = 0.4 (the
-default of transformers' assistant_confidence_threshold)."""
+default of transformers' assistant_confidence_threshold), and the call stops drafting where
+its passes measure slower than a plain target step."""
 LOOKUP = (("lookup_ngram", 3),)
 
 

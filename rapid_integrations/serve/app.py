@@ -39,6 +39,7 @@ from .calls import (
     chunk,
     completion_call,
     response,
+    tool_call_chunk,
     usage_chunk,
 )
 from .collection import Collection
@@ -250,6 +251,9 @@ class _Run:
                 if isinstance(item, str):
                     yield _json(chunk(call, item))
                 else:
+                    calls = tool_call_chunk(call, item)
+                    if calls is not None:
+                        yield _json(calls)
                     yield _json(chunk(call, finish=_finish_reason(item)))
                     if call.include_usage:
                         yield _json(usage_chunk(call, item, self.server.replica))

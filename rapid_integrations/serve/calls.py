@@ -1,9 +1,10 @@
 """A request -> one engine call (`EngineCall`); an engine output -> OpenAI response objects.
 
-Finish reasons: the engine's "eos" and "stop" are OpenAI's "stop", "length" stays "length".
-`usage` carries the call's `RapidStats` under the extension field `usage.rapid` (plus the
-replica that served it), in every response and in the last chunk of a stream that asked for
-usage (`stream_options.include_usage`).
+Finish reasons: the engine's "eos" and "stop" are OpenAI's "stop"; "length" and "tool_calls"
+stay. `usage` carries the call's `RapidStats` under the extension field `usage.rapid` (plus
+the replica that served it), in every response and in the last chunk of a stream that asked
+for usage (`stream_options.include_usage`). Tools and `response_format` become the engine's
+`tools=` / `tool_choice=` / `grammar=` (docs/algorithm.md sections 10-11).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import GrammarError, RapidError
 from ..outputs import RapidOutput
 from ..tokens import Prompt
+from ..tools import Tools
 from .collection import Collection
 from .errors import ServeError, unsupported
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, _Request
@@ -35,6 +38,7 @@ class EngineCall:
     stream: bool
     include_usage: bool
     model: str
+    single_call: bool = False  # parallel_tool_calls=false: answer with the first call only
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -43,18 +47,17 @@ def chat_call(request: ChatCompletionRequest, collections: Mapping[str, Collecti
     """The engine call of a chat completion request; raises `ServeError` for what is refused."""
     if request.logprobs or request.top_logprobs:
         raise unsupported("logprobs", "log probabilities are not returned by this server")
-    for name in ("tools", "tool_choice", "response_format"):
-        if getattr(request, name) is not None:
-            raise unsupported(name, "not supported yet by this server")
     messages = [_message(m, i) for i, m in enumerate(request.messages)]
     draft = request.draft_prompt
     draft_prompt = (
         [_message(m, i) for i, m in enumerate(draft)] if isinstance(draft, list) else draft
     )
     overrides = _overrides(request, request.max_completion_tokens or request.max_tokens)
+    overrides |= _tool_options(request) | _response_format(request)
     collection = _collection(request, collections, overrides)
     prompt = collection.messages(messages) if collection else messages
-    return _call("chat", request, prompt, draft_prompt, overrides)
+    single_call = request.parallel_tool_calls is False
+    return _call("chat", request, prompt, draft_prompt, overrides, single_call=single_call)
 
 
 def completion_call(
@@ -94,6 +97,8 @@ def _call(
     prompt: Prompt,
     draft_prompt: Prompt | None,
     overrides: dict[str, Any],
+    *,
+    single_call: bool = False,
 ) -> EngineCall:
     options = request.stream_options
     return EngineCall(
@@ -105,6 +110,7 @@ def _call(
         stream=bool(request.stream),
         include_usage=bool(options and options.include_usage),
         model=request.model,
+        single_call=single_call,
     )
 
 
@@ -126,6 +132,52 @@ def _overrides(request: _Request, max_tokens: int | None) -> dict[str, Any]:
         "query": request.query,
     }
     return {k: v for k, v in openai.items() if v is not None} | request.rapid_options()
+
+
+def _tool_options(request: ChatCompletionRequest) -> dict[str, Any]:
+    """The engine's `tools=` and `tool_choice=`, checked here first so that an error names its
+    field (`tools`, then `tool_choice`); the engine checks them again as it plans the call."""
+    if request.tools is None and request.tool_choice is None:
+        return {}
+    for param, choice in (("tools", None), ("tool_choice", request.tool_choice)):
+        try:
+            Tools.parse(request.tools, choice)
+        except RapidError as exc:
+            raise _invalid(param, exc) from exc
+    return {"tools": request.tools, "tool_choice": request.tool_choice}
+
+
+def _response_format(request: ChatCompletionRequest) -> dict[str, Any]:
+    """The engine's `grammar=` of OpenAI's `response_format`: json_object (JSON mode) or
+    json_schema; none for text. The schema is enforced whether or not it says `strict`."""
+    response_format = request.response_format
+    if response_format is None or response_format.type == "text":
+        return {}
+    if request.tools:
+        raise unsupported(
+            "response_format", "cannot be combined with tools: the tool-call grammar is enforced"
+        )
+    from ..grammar import Grammar  # xgrammar loads on first use, as in the engine
+
+    if response_format.type == "json_object":
+        return {"grammar": Grammar.json_object()}
+    schema = response_format.json_schema.schema_ if response_format.json_schema else None
+    if schema is None:
+        raise ServeError(
+            422,
+            "response_format.json_schema.schema: a JSON schema object is required",
+            param="response_format.json_schema",
+            code="invalid_value",
+        )
+    try:
+        return {"grammar": Grammar.json_schema(schema)}
+    except GrammarError as exc:
+        raise _invalid("response_format.json_schema.schema", exc) from exc
+
+
+def _invalid(param: str, exc: RapidError) -> ServeError:
+    """400 for the engine refusing the value of `param` (a tool spec, a tool choice, a schema)."""
+    return ServeError(400, f"{param}: {exc}", param=param, code="invalid_request")
 
 
 def _collection(
@@ -179,7 +231,9 @@ def response(call: EngineCall, output: RapidOutput, replica: str) -> dict[str, A
     """The whole (non-streamed) response object."""
     finish = FINISH_REASONS[output.finish_reason]
     if call.kind == "chat":
-        message = {"role": "assistant", "content": output.text}
+        message: dict[str, Any] = {"role": "assistant", "content": output.text}
+        if output.tool_calls:  # content is null next to calls when there is no text (OpenAI)
+            message |= {"content": output.text or None, "tool_calls": tool_calls(call, output)}
         choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         obj = "chat.completion"
     else:
@@ -217,6 +271,27 @@ def chunk(
     }
     if call.include_usage:
         out["usage"] = None
+    return out
+
+
+def tool_calls(call: EngineCall, output: RapidOutput) -> list[dict[str, Any]]:
+    """The output's calls as OpenAI `tool_calls` entries (arguments as JSON text); the first
+    one only under `parallel_tool_calls=false`."""
+    calls = output.tool_calls[:1] if call.single_call else output.tool_calls
+    return [c.to_openai() for c in calls]
+
+
+def tool_call_chunk(call: EngineCall, output: RapidOutput) -> dict[str, Any] | None:
+    """The streamed chunk carrying the output's calls (after its text), or None without calls.
+
+    The engine parses calls once they are complete, so each arrives whole in one delta
+    (`index`, `id`, `type`, `function.name`, `function.arguments`), as OpenAI clients merge them.
+    """
+    if not output.tool_calls:
+        return None
+    out = chunk(call)
+    deltas = [{"index": i, **entry} for i, entry in enumerate(tool_calls(call, output))]
+    out["choices"][0]["delta"] = {"tool_calls": deltas}
     return out
 
 
