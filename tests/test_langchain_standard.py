@@ -1,8 +1,9 @@
 """LangChain's standard chat model suites, run on `ChatRapid` with the embedded SmolLM2 model.
 
 Features ChatRapid does not offer are declared off through the suites' properties (and listed in
-docs/langchain.md): tool calling and tool choice, structured output and JSON mode, image / PDF /
-audio / video inputs, Anthropic-style inputs, a per-call `model` override, VCR recordings.
+docs/langchain.md): image / PDF / audio / video inputs, Anthropic-style inputs, a per-call
+`model` override, VCR recordings. Tool calling, tool choice, structured output and JSON mode
+run, on the engine's grammar-constrained decoding.
 """
 
 from __future__ import annotations
@@ -23,24 +24,6 @@ MAX_TOKENS = 32
 
 class NotOffered:
     """What ChatRapid does not offer, declared off for both suites (reasons in docs/langchain.md)."""
-
-    @property
-    def has_tool_calling(self) -> bool:
-        """No tool calling: a plain chat template model emits no structured tool calls."""
-        return False
-
-    @property
-    def has_tool_choice(self) -> bool:
-        return False
-
-    @property
-    def has_structured_output(self) -> bool:
-        """No with_structured_output: it needs tool calling or constrained (JSON) decoding."""
-        return False
-
-    @property
-    def supports_json_mode(self) -> bool:
-        return False
 
     @property
     def supports_image_inputs(self) -> bool:
