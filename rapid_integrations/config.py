@@ -59,6 +59,8 @@ class RapidConfig:
       tail_guard  "paper" (default): tokens with p_hat(v) < tail_ratio * max p_hat keep p(v);
                   "draft" (the authors' code): the shift is applied only where
                   q(v) >= tail_ratio * max q; "none": no guard.
+      top_k, min_p, repetition_penalty  transformers' sampling options (0, 0 and 1 = off),
+                  applied identically to p and q (docs/algorithm.md section 9).
     end_guard   where the target's most likely token is end-of-sequence, p_hat = p (not in the
                 paper: a draft on a short context would otherwise talk the target out of
                 stopping; see sampling.end_guard).
@@ -70,6 +72,9 @@ class RapidConfig:
     gamma: int = 8
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int | None = None
@@ -131,6 +136,13 @@ _CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("gamma", lambda v: _int(v) and 1 <= v <= 64, "must be an integer in [1, 64]"),
     ("temperature", lambda v: _real(v) and v >= 0, "must be a finite number >= 0"),
     ("top_p", lambda v: _real(v) and 0 < v <= 1, "must be in (0, 1]"),
+    ("top_k", lambda v: _int(v) and v >= 0, "must be an integer >= 0 (0 disables)"),
+    ("min_p", lambda v: _real(v) and 0 <= v <= 1, "must be in [0, 1] (0 disables)"),
+    (
+        "repetition_penalty",
+        lambda v: _real(v) and v > 0,
+        "must be a finite number > 0 (1 disables)",
+    ),
     ("max_new_tokens", lambda v: _int(v) and v >= 1, "must be an integer >= 1"),
     (
         "stop",

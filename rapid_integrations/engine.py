@@ -18,17 +18,19 @@ import time
 import traceback
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .attention import use_rapid_attention
 from .config import DRAFT_PRECISIONS, RapidConfig, check_choice, check_mode
+from .constraints import Constraints
 from .drafting import ModelProposer, Proposer
 from .errors import (
     ContextWindowExceededError,
     DeviceOutOfMemoryError,
+    GrammarError,
     RapidConfigError,
     RapidInputError,
     VocabularyMismatchError,
@@ -45,10 +47,14 @@ from .models import (
 from .outputs import FinishReason, RapidOutput, RapidStats, RapidStream
 from .prefix_cache import PrefixCache
 from .tokens import Detokenizer, Prompt, encode_prompt, is_chat, stop_token_ids
+from .tools import ContentFilter, Tools, parse_calls, prepare_messages
 from .verify import verdict
 
 _DRAFT_OPTIONS = ("draft_device", "draft_precision", "draft_model_kwargs")
 """Constructor arguments `from_default` passes through beside the `RapidConfig` fields."""
+
+if TYPE_CHECKING:
+    from .grammar import Grammar, GrammarCompiler
 
 # How the CPU allocator words running out (a plain RuntimeError, unlike CUDA's OutOfMemoryError).
 _OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "not enough memory")
@@ -62,19 +68,25 @@ def speculate(
     budget: Callable[[], int],
     stats: RapidStats,
     end_ids: torch.Tensor | None = None,
+    constraints: Constraints | None = None,
 ) -> Iterator[list[int]]:
     """Yield the tokens committed by each target pass (accepted drafts, then one more).
 
     `budget()` is how many tokens may still be emitted; drafting never proposes past it.
-    `end_ids` are the end-of-sequence ids of the end guard (None: no guard).
+    `end_ids` are the end-of-sequence ids of the end guard (None: no guard); `constraints`
+    shape the target's logits (docs/algorithm.md section 9; None: raw logits).
     """
     while True:
         gamma = min(cfg.gamma, budget() - 1) if proposer else 0
         x, q = proposer.propose(gamma) if proposer and gamma > 0 else (target.pending[:0], None)
         z = target.feed(x)
+        if constraints:
+            z = constraints.apply(z, x)
         n, token = verdict(z, x, q, cfg, gen, end_ids)
         target.rollback(gamma - n)
         target.append(token)
+        if constraints:
+            constraints.settle(n, token)
         if proposer:
             proposer.commit(n, gamma, token)
         stats.drafted_tokens += gamma
@@ -91,6 +103,8 @@ class _Plan:
     window: int
     draft_ids: list[int] | None
     cfg: RapidConfig
+    grammar: Grammar | None = None
+    tools: Tools | None = None
 
 
 class RapidEngine:
@@ -172,6 +186,7 @@ class RapidEngine:
             id(m): m.generation_config for m in (self.target, self.draft) if m.generation_config
         }
         self.eos_token_ids = stop_token_ids(self.tokenizer, configs.values())
+        self._grammar_compiler: GrammarCompiler | None = None
 
     @classmethod
     def from_default(
@@ -230,7 +245,9 @@ class RapidEngine:
         **overrides: Any,
     ) -> RapidOutput:
         """Generate a completion. `overrides` are `RapidConfig` fields for this call, plus
-        `retriever=` and `query=` for building the draft prompt when `draft_prompt` is None."""
+        `retriever=` and `query=` for building the draft prompt when `draft_prompt` is None,
+        and `grammar=` (a `Grammar`) that the output must match (docs/algorithm.md section 10).
+        """
         run = self._begin(prompt, draft_prompt, mode, overrides)
         while True:
             try:
@@ -285,7 +302,7 @@ class RapidEngine:
         limit = min(cfg.max_new_tokens, plan.window - len(plan.ids))
         target = self._start(plan.main, plan.ids, limit, cfg)
         stats.cached_prefix_tokens = target.reused_tokens
-        proposer = None
+        proposer, shaping = None, [self._constraints(plan, plan.main, "the model")]
         if plan.draft_ids is not None:
             draft_at = logits_device(self.draft)
             draft_gen = (
@@ -295,20 +312,25 @@ class RapidEngine:
             )
             draft = self._start(self.draft, plan.draft_ids, limit, cfg)
             stats.draft_cached_prefix_tokens = draft.reused_tokens
-            proposer = ModelProposer(draft, cfg, draft_gen)
+            shaping.append(self._constraints(plan, self.draft, "the draft model"))
+            proposer = ModelProposer(draft, cfg, draft_gen, shaping[-1])
         decode_start = time.perf_counter()
         stats.prefill_seconds = decode_start - start
 
         detok = Detokenizer(self.tokenizer, cfg.stop)
-        eos = frozenset() if cfg.ignore_eos else self.eos_token_ids
+        # A grammar ends on its stop tokens even under ignore_eos: nothing may follow it.
+        eos = frozenset() if cfg.ignore_eos and not plan.grammar else self.eos_token_ids
         guarded = cfg.end_guard and eos and cfg.eta > 0
         end_ids = torch.tensor(sorted(eos), device=gen.device) if guarded else None
         steps = speculate(
-            target, proposer, cfg, gen, lambda: limit - len(detok.ids), stats, end_ids
+            target, proposer, cfg, gen, lambda: limit - len(detok.ids), stats, end_ids, shaping[0]
         )
+        content = ContentFilter() if plan.tools else None
         for token in itertools.chain.from_iterable(steps):
             stats.time_to_first_token = stats.time_to_first_token or time.perf_counter() - start
             delta, finish = _commit(token, detok, eos, limit)
+            if content:  # streams never show call markup (docs/algorithm.md section 11)
+                delta = content.push(delta) + (content.finish() if finish else "")
             if delta:
                 yield delta
             if finish:
@@ -318,10 +340,55 @@ class RapidEngine:
         stats.new_tokens = len(detok.ids)
         stats.target_forward_passes = target.forward_passes
         stats.target_forward_seconds = target.forward_seconds
+        stats.grammar_seconds = sum(c.seconds for c in shaping if c)
         if proposer:
             stats.draft_forward_passes = proposer.state.forward_passes
             stats.draft_forward_seconds = proposer.state.forward_seconds
-        return RapidOutput(detok.text, detok.ids, finish, stats.finalize(), len(plan.ids))
+        if content is None:
+            return RapidOutput(detok.text, detok.ids, finish, stats.finalize(), len(plan.ids))
+        calls = parse_calls(detok.text)
+        finish = "tool_calls" if calls and finish == "eos" else finish
+        return RapidOutput(content.text, detok.ids, finish, stats.finalize(), len(plan.ids), calls)
+
+    def _constraints(self, plan: _Plan, model: PreTrainedModel, source: str) -> Constraints | None:
+        """The call's logit shaping for `model`, or None when nothing shapes them. Both
+        models count the decoding model's prompt as history and follow the same grammar, so
+        q is shaped exactly as p (docs/algorithm.md sections 9-10)."""
+        if plan.cfg.repetition_penalty == 1.0 and plan.grammar is None:
+            return None
+        matcher = None if plan.grammar is None else self._grammars().matcher(plan.grammar)
+        return Constraints(
+            plan.ids, self.vocab_size, plan.cfg, logits_device(model), source, matcher
+        )
+
+    def _grammar(self, grammar: object, tools: Tools | None) -> Grammar | None:
+        """Check a call's `grammar=` (or make the tools' one) and compile it now, so errors
+        raise before decoding."""
+        if tools is not None:
+            if grammar is not None:
+                raise GrammarError("pass grammar= or tools=, not both: tools bring their grammar")
+            grammar = tools.grammar()
+        if grammar is None:
+            return None
+        from .grammar import Grammar
+
+        if not isinstance(grammar, Grammar):
+            raise GrammarError(
+                "grammar must be a rapid_integrations.Grammar (Grammar.json_schema, .regex, "
+                f".ebnf or .json_object), got {type(grammar).__name__}"
+            )
+        self._grammars().matcher(grammar)
+        return grammar
+
+    def _grammars(self) -> GrammarCompiler:
+        """The engine's grammar compiler, made on first use (xgrammar loads only then)."""
+        if self._grammar_compiler is None:
+            from .grammar import GrammarCompiler
+
+            self._grammar_compiler = GrammarCompiler(
+                self.tokenizer, self.vocab_size, self.eos_token_ids
+            )
+        return self._grammar_compiler
 
     def _start(
         self, model: PreTrainedModel, ids: list[int], limit: int, cfg: RapidConfig
@@ -345,27 +412,50 @@ class RapidEngine:
         check_mode(mode)
         retriever = overrides.pop("retriever", self.retriever)
         query = overrides.pop("query", None)
+        tools = Tools.parse(overrides.pop("tools", None), overrides.pop("tool_choice", None))
+        grammar = self._grammar(overrides.pop("grammar", None), tools)
         cfg = self.config.replace(**overrides)
         if mode == "sd":
             cfg = cfg.replace(eta=0.0)
         seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**62)
         stats = RapidStats(mode=mode, eta=cfg.eta, gamma=cfg.gamma, seed=seed)
-        ids = self._fit(encode_prompt(prompt, self.tokenizer, self.vocab_size), self.target, cfg)
+        prompt, template = self._with_tools(prompt, tools)
+        ids = self._fit(self._encode(prompt, template), self.target, cfg)
         if mode in ("rapid", "rag") and draft_prompt is None:
             draft_prompt, mode = self._retrieve(prompt, ids, retriever, query, cfg, stats, mode)
+        elif draft_prompt is not None:
+            draft_prompt, _ = self._with_tools(draft_prompt, tools)
         draft_ids = None
         if mode in ("rapid", "rag"):
-            draft_ids = self._fit(
-                encode_prompt(draft_prompt, self.tokenizer, self.vocab_size), self.draft, cfg
-            )
+            # The draft reads the same system message and tool specs (docs/algorithm.md
+            # section 11): the retrieved prompt keeps system turns, the template gets tools.
+            draft_ids = self._fit(self._encode(draft_prompt, template), self.draft, cfg)
         elif mode == "sd":
             draft_ids = self._fit(ids, self.draft, cfg)
         stats.mode = mode
         stats.target_context_tokens = len(ids)
         stats.draft_context_tokens = len(draft_ids or ())
         if mode == "rag":
-            return _Plan(self.draft, draft_ids, config_window(self.draft.config), None, cfg), stats
-        return _Plan(self.target, ids, config_window(self.target.config), draft_ids, cfg), stats
+            plan = _Plan(
+                self.draft, draft_ids, config_window(self.draft.config), None, cfg, grammar, tools
+            )
+        else:
+            plan = _Plan(
+                self.target, ids, config_window(self.target.config), draft_ids, cfg, grammar, tools
+            )
+        return plan, stats
+
+    def _with_tools(self, prompt: Prompt, tools: Tools | None) -> tuple[Prompt, dict[str, Any]]:
+        """Chat messages with tools, calls and results rendered for the chat template, and the
+        template's extra arguments (`tools.prepare_messages`); other prompts pass through."""
+        if is_chat(prompt):
+            return prepare_messages(prompt, tools, self.tokenizer)
+        if tools is not None:
+            raise RapidInputError("tools= needs a chat prompt (a list of role/content messages)")
+        return prompt, {}
+
+    def _encode(self, prompt: Prompt, template: dict[str, Any]) -> list[int]:
+        return encode_prompt(prompt, self.tokenizer, self.vocab_size, template)
 
     def _retrieve(
         self,

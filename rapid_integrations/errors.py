@@ -59,3 +59,8 @@ class NumericalError(RapidError, FloatingPointError):
 
 class RetrievalError(RapidError):
     """A retriever failed and the configured fallback is to raise."""
+
+
+class GrammarError(RapidError, ValueError):
+    """A grammar, JSON schema or tool spec that cannot be enforced (invalid, or a feature the
+    grammar library cannot compile); the message names the cause."""

@@ -7,7 +7,9 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-FinishReason = Literal["eos", "stop", "length"]
+from .tools import ToolCall
+
+FinishReason = Literal["eos", "stop", "length", "tool_calls"]
 
 
 @dataclass
@@ -15,7 +17,8 @@ class RapidStats:
     """Counters and timings of one call (seconds, tokens). Plain data: `to_dict()` is JSON-ready.
 
     overhead_fraction: share of decode time spent outside model forward passes (drafting
-    and acceptance math, detokenization, Python).
+    and acceptance math, detokenization, Python). grammar_seconds: the part of it spent on
+    grammar masks and matcher moves (docs/algorithm.md section 10), both models together.
     """
 
     mode: str = "rapid"
@@ -40,6 +43,7 @@ class RapidStats:
     decode_tokens_per_second: float = 0.0
     target_forward_seconds: float = 0.0
     draft_forward_seconds: float = 0.0
+    grammar_seconds: float = 0.0
     overhead_fraction: float = 0.0
     mean_accepted_per_pass: float = 0.0
 
@@ -65,13 +69,19 @@ class RapidStats:
 
 @dataclass
 class RapidOutput:
-    """The generated text and ids (end-of-sequence token and stop string excluded)."""
+    """The generated text and ids (end-of-sequence token and stop string excluded).
+
+    With tools: `text` is the content without call markup, `tool_calls` the parsed calls,
+    and `finish_reason` "tool_calls" when the output ended after calls. A structured answer
+    or call cut off by `max_new_tokens` has `finish_reason` "length" (and no such call).
+    """
 
     text: str
     token_ids: list[int]
     finish_reason: FinishReason
     stats: RapidStats = field(default_factory=RapidStats)
     prompt_tokens: int = 0
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 class RapidStream(Iterator[str]):

@@ -17,6 +17,8 @@ the output follows p for any eta; with eta > 0 it does not).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .errors import NumericalError
@@ -31,27 +33,52 @@ def check_finite(logits: torch.Tensor, source: str = "the model") -> None:
         )
 
 
-def log_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """[k, V] logits -> [k, V] log-probabilities at temperature T with nucleus filtering.
+def log_probs(
+    logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0, min_p: float = 0.0
+) -> torch.Tensor:
+    """[k, V] logits -> [k, V] log-probabilities at temperature T, then top-k, top-p, min-p.
 
-    Temperature 0 (greedy) uses T = 1, as docs/algorithm.md section 3 prescribes for p_hat. Filtered tokens
-    get -inf. Computed in at least fp32 whatever the model's dtype.
+    The order and rules are transformers' warpers (TemperatureLogitsWarper, TopKLogitsWarper,
+    TopPLogitsWarper, MinPLogitsWarper); 0, 1 and 0 turn them off. Temperature 0 (greedy) uses
+    T = 1, as docs/algorithm.md section 3 prescribes for p_hat. Filtered tokens get -inf.
+    Computed in at least fp32 whatever the model's dtype.
     """
     z = logits.to(torch.promote_types(logits.dtype, torch.float32))
     check_finite(z)
     # Shifted to <= 0 and T kept above underflow: a tiny T or a huge logit then overflows only
     # to -inf (probability 0), never to +inf, whose softmax is NaN.
     z = z - z.amax(dim=-1, keepdim=True)
-    logp = torch.log_softmax(z / max(temperature or 1.0, torch.finfo(z.dtype).tiny), dim=-1)
-    if top_p >= 1.0:
-        return logp
-    sorted_logp, order = logp.sort(dim=-1, descending=True)
-    # Keep the smallest prefix whose mass reaches top_p: a token is dropped when the mass
-    # strictly before it already reaches top_p (the top token is always kept).
-    sorted_p = sorted_logp.exp()
-    drop_sorted = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+    z = z / max(temperature or 1.0, torch.finfo(z.dtype).tiny)
+    if 0 < top_k < z.shape[-1]:
+        # Ties with the k-th logit stay, as in TopKLogitsWarper.
+        kth = z.topk(top_k, dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    logp = torch.log_softmax(z, dim=-1)
+    if top_p < 1.0:
+        sorted_logp, order = logp.sort(dim=-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p: a token is dropped when the mass
+        # strictly before it already reaches top_p (the top token is always kept).
+        sorted_p = sorted_logp.exp()
+        drop_sorted = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logp = torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+    if min_p > 0.0:
+        # MinPLogitsWarper: drop p(v) < min_p * max p; the top token always stays.
+        floor = logp.amax(dim=-1, keepdim=True) + math.log(min_p)
+        logp = torch.log_softmax(logp.masked_fill(logp < floor, float("-inf")), dim=-1)
+    return logp
+
+
+def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """transformers' repetition penalty: [k, V] logits, [k, V] bool `seen` (each row's history).
+
+    A token already in the row's history has its logit divided by `penalty` when positive and
+    multiplied by it when negative (RepetitionPenaltyLogitsProcessor), before temperature.
+    """
+    if penalty == 1.0:
+        return logits
+    hit = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, hit, logits)
 
 
 def p_hat(

@@ -14,6 +14,7 @@ Message = Mapping[str, Any]
 Prompt = str | Sequence[int] | Sequence[Message]
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
+_TOOL_KEYS = ("tool_calls", "tool_call_id", "name")
 # End-of-turn markers of common chat templates; counted as stops only when the tokenizer has them.
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
 
@@ -28,8 +29,9 @@ def is_chat(prompt: object) -> bool:
     )
 
 
-def check_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
-    """Validate chat messages; return them as plain {role, content} dicts."""
+def check_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """Validate chat messages; return them as {role, content} dicts, with the OpenAI tool
+    keys (`tool_calls`, `tool_call_id`, `name`) kept for templates that render them."""
     out = []
     for i, m in enumerate(messages):
         role, content = m.get("role"), m.get("content")
@@ -41,29 +43,47 @@ def check_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
             raise RapidInputError(
                 f"message {i}: content must be a string, got {type(content).__name__}"
             )
-        out.append({"role": role, "content": content})
-    if not any(m["content"].strip() for m in out):
+        extra = {k: m[k] for k in _TOOL_KEYS if m.get(k) is not None}
+        out.append({**extra, "role": role, "content": content})
+    if not any(m["content"].strip() or m.get("tool_calls") for m in out):
         raise RapidInputError("all chat messages are empty")
     return out
 
 
-def render_chat(messages: Sequence[Message], tokenizer: PreTrainedTokenizerBase) -> str:
-    """Messages -> the prompt string of the tokenizer's chat template, ready for the assistant."""
+def render_chat(
+    messages: Sequence[Message],
+    tokenizer: PreTrainedTokenizerBase,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """Messages -> the prompt string of the tokenizer's chat template, ready for the assistant.
+
+    template_kwargs: extra arguments of the template (`tools=` for one that renders tools)."""
     if not getattr(tokenizer, "chat_template", None):
         raise RapidInputError("chat messages given but the tokenizer has no chat template")
     return tokenizer.apply_chat_template(
-        check_messages(messages), tokenize=False, add_generation_prompt=True
+        check_messages(messages),
+        tokenize=False,
+        add_generation_prompt=True,
+        **(template_kwargs or {}),
     )
 
 
-def encode_prompt(prompt: Prompt, tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> list[int]:
-    """A string, token ids or chat messages -> token ids. Raises `RapidInputError` when unusable."""
+def encode_prompt(
+    prompt: Prompt,
+    tokenizer: PreTrainedTokenizerBase,
+    vocab_size: int,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """A string, token ids or chat messages -> token ids. Raises `RapidInputError` when unusable.
+
+    template_kwargs go to the chat template (see `render_chat`)."""
     if isinstance(prompt, str):
         if not prompt.strip():
             raise RapidInputError("the prompt is empty")
         return list(tokenizer.encode(prompt))
     if is_chat(prompt):
-        return list(tokenizer.encode(render_chat(prompt, tokenizer), add_special_tokens=False))
+        text = render_chat(prompt, tokenizer, template_kwargs)
+        return list(tokenizer.encode(text, add_special_tokens=False))
     ids = prompt.tolist() if hasattr(prompt, "tolist") else prompt
     if not isinstance(ids, Sequence) or not ids or isinstance(ids, (str, bytes)):
         raise RapidInputError(
@@ -141,13 +161,13 @@ class Detokenizer:
     def _release(self, final: bool) -> str:
         end = len(self.text)
         if not (final or self.stopped):
-            end -= _partial_stop_suffix(self.text, self._stop)
+            end -= partial_stop_suffix(self.text, self._stop)
         delta = self.text[self._emitted : end]
         self._emitted = max(self._emitted, end)
         return delta
 
 
-def _partial_stop_suffix(text: str, stops: Sequence[str]) -> int:
+def partial_stop_suffix(text: str, stops: Sequence[str]) -> int:
     """Length of the longest tail of `text` that is a proper prefix of some stop string."""
     best = 0
     for s in stops:

@@ -85,7 +85,7 @@ def _sampled(
     end_ids: torch.Tensor | None,
 ) -> tuple[int, torch.Tensor]:
     """`verdict` when sampling; shapes as there (q is [gamma, V] whenever gamma > 0)."""
-    logp = log_probs(z, cfg.temperature, cfg.top_p)
+    logp = log_probs(z, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
     gamma = x.numel()
     n, dist = 0, logp[0].exp()
     if gamma:

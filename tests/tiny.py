@@ -7,6 +7,7 @@ distributions are peaked: argmax margins are far above float noise, and acceptan
 from __future__ import annotations
 
 import string
+from collections.abc import Callable
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -29,6 +30,14 @@ def char_tokenizer(alphabet: str = string.ascii_lowercase[:12] + " .") -> PreTra
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>")
     fast.chat_template = CHAT_TEMPLATE
     return fast
+
+
+JSON_ALPHABET = string.ascii_lowercase + string.digits + ' .{}[]":,-_'
+
+
+def json_tokenizer() -> PreTrainedTokenizerFast:
+    """A character tokenizer that can write JSON (id 0 is </s>)."""
+    return char_tokenizer(JSON_ALPHABET)
 
 
 def tiny_llama(
@@ -60,11 +69,23 @@ def tiny_llama(
 
 
 @torch.inference_mode()
-def reference_greedy(model: LlamaForCausalLM, prompt: list[int], n: int, vocab: int) -> list[int]:
-    """The target's own greedy decoding, recomputed from scratch each step (no KV cache)."""
+def reference_greedy(
+    model: LlamaForCausalLM,
+    prompt: list[int],
+    n: int,
+    vocab: int,
+    processor: Callable[[list[int], torch.Tensor], torch.Tensor] | None = None,
+) -> list[int]:
+    """The target's own greedy decoding, recomputed from scratch each step (no KV cache).
+
+    `processor(ids so far, logits [vocab]) -> logits` shapes each step's logits before the
+    argmax (a transformers logits processor, a grammar mask).
+    """
     ids = list(prompt)
     for _ in range(n):
         logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1, :vocab]
+        if processor is not None:
+            logits = processor(ids, logits.clone())
         ids.append(int(logits.argmax()))
     return ids[len(prompt) :]
 

@@ -1,0 +1,153 @@
+"""What one model's raw logits go through before p or q is formed: the repetition penalty
+(docs/algorithm.md section 9) and the grammar mask (section 10).
+
+The target and the draft each hold a `Constraints` for the call, built from the same history
+and grammar, so that p and q (and therefore p_hat) are shaped identically. A block's rows are
+positions in order: row i follows the committed sequence, the tokens already advanced over in
+this block (the tail), then `drafts[:i]`. The grammar matcher is advanced over the same
+tokens, so row i gets the mask of its own position; `settle` rolls it back to what the
+verdict kept and advances it by the emitted token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from .config import RapidConfig
+from .errors import RapidError
+from .sampling import check_finite, penalize
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
+
+
+class Constraints:
+    """The per-call logit shaping of one model.
+
+    history: the token ids the repetition penalty counts as seen (the target's prompt: the
+    draft shares it, so that q is shaped exactly as p); vocab: the shared vocabulary width;
+    matcher: a fresh xgrammar matcher of the call's grammar, or None. `seconds` is the time
+    spent on the grammar (masks, matcher moves).
+    """
+
+    def __init__(
+        self,
+        history: Sequence[int],
+        vocab: int,
+        cfg: RapidConfig,
+        device: torch.device,
+        source: str = "the model",
+        matcher: xgr.GrammarMatcher | None = None,
+    ) -> None:
+        self._penalty = cfg.repetition_penalty
+        self._source = source
+        self._seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+        self._seen[torch.tensor(list(history), dtype=torch.long, device=device)] = True
+        self._tail: list[int] = []  # tokens advanced over in this block, not yet settled
+        self._matcher = matcher
+        self._matched = 0  # tail tokens the matcher accepted (it stops at a refused one)
+        self._live = matcher is not None  # False once the matcher refused or terminated
+        self.seconds = 0.0
+        if matcher is not None:
+            import xgrammar as xgr
+
+            self._bitmask = xgr.allocate_token_bitmask(cfg.gamma + 1, vocab)
+
+    def apply(self, z: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+        """Shaped logits of a block: z [k, V] raw, drafts [k - 1] ids; returns a new [k, V].
+
+        Row i follows the tail and drafts[:i]; afterwards the drafts are part of the tail.
+        """
+        check_finite(z, self._source)
+        z = z.to(torch.promote_types(z.dtype, torch.float32))
+        ids = drafts.tolist()
+        if self._penalty != 1.0:
+            z = penalize(z, self._seen_rows(ids, z.shape[0]), self._penalty)
+        if self._matcher is not None:
+            z = self._mask(z, ids)
+        else:
+            self._tail += ids
+        return z
+
+    def advance(self, tokens: torch.Tensor) -> None:
+        """The draft picked `tokens` [k]: later rows follow them too."""
+        start = time.perf_counter()
+        for token in tokens.tolist():
+            self._accept(token)
+        self.seconds += time.perf_counter() - start
+
+    def settle(self, kept: int, token: torch.Tensor) -> None:
+        """The first `kept` tail tokens were kept, then `token` [1] was emitted."""
+        start = time.perf_counter()
+        committed = [*self._tail[:kept], *token.tolist()]
+        self._seen[torch.tensor(committed, dtype=torch.long, device=self._seen.device)] = True
+        self._tail = []
+        if self._matcher is not None:
+            self._matcher.rollback(max(self._matched - kept, 0))
+            self._matched = 0
+            self._live = not self._matcher.is_terminated()
+            for t in token.tolist():
+                self._accept(t)
+            if not (self._live or self._matcher.is_terminated()):
+                raise RapidError(
+                    f"internal: the grammar refused the emitted token {token.tolist()}"
+                )
+            self._tail, self._matched = [], 0
+        self.seconds += time.perf_counter() - start
+
+    @property
+    def terminated(self) -> bool:
+        """The grammar is complete and its stop token was emitted."""
+        return self._matcher is not None and self._matcher.is_terminated()
+
+    def _accept(self, token: int) -> None:
+        """Advance the matcher over one tail token; after a refusal it stays where it was."""
+        self._tail.append(token)
+        if self._live and self._matcher.accept_token(token):
+            self._matched += 1
+            self._live = not self._matcher.is_terminated()
+        else:
+            self._live = False
+
+    def _mask(self, z: torch.Tensor, drafts: list[int]) -> torch.Tensor:
+        """Mask row i of z [k, V] to the tokens the grammar allows after the tail and
+        drafts[:i], advancing the matcher over the drafts. Rows after a refused or final token
+        repeat the last mask: the verdict can never keep a draft past such a token."""
+        import xgrammar as xgr
+
+        start = time.perf_counter()
+        k = z.shape[0]
+        for i in range(k):
+            if self._live:
+                self._matcher.fill_next_token_bitmask(self._bitmask, i)
+            elif i:
+                self._bitmask[i] = self._bitmask[i - 1]
+            if i < len(drafts):
+                self._accept(drafts[i])
+        # xgrammar's CPU kernel takes float32 only; elsewhere (CUDA without triton, float64)
+        # its plain-torch path.
+        kernel = z.device.type == "cpu" and z.dtype == torch.float32
+        xgr.apply_token_bitmask_inplace(
+            z,
+            self._bitmask[:k].to(z.device),
+            vocab_size=z.shape[-1],
+            backend="cpu" if kernel else "torch_native",
+        )
+        # The lowest finite logit instead of -inf: softmax still gives it probability 0
+        # exactly, and the finiteness checks downstream keep meaning "the model went wrong".
+        z.clamp_(min=torch.finfo(z.dtype).min)
+        self.seconds += time.perf_counter() - start
+        return z
+
+    def _seen_rows(self, drafts: list[int], k: int) -> torch.Tensor:
+        """[k, V] bool: row i marks the history, the tail and drafts[:i]."""
+        seen = self._seen.clone()
+        seen[torch.tensor(self._tail, dtype=torch.long, device=seen.device)] = True
+        rows = seen.expand(k, -1).clone()
+        for i, token in enumerate(drafts):
+            rows[i + 1 :, token] = True
+        return rows

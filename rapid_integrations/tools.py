@@ -1,0 +1,347 @@
+"""Tool calling, framework-free (docs/algorithm.md section 11).
+
+Tools come in the OpenAI shape `{"type": "function", "function": {"name", "description",
+"parameters"}}`. A call is written in the Hermes / Qwen markup
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+and decoding is constrained to it by a grammar per `tool_choice`: "auto" (text, or calls of
+the given tools), "required" (one or more calls), a tool's name (one call of it), "none" (text
+without call markup). Tools reach the model through the tokenizer's chat template when it
+renders tools, else through `SYSTEM_PROMPT` in the system message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .errors import RapidInputError
+
+if TYPE_CHECKING:
+    from .grammar import Grammar
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+CHOICES = ("auto", "none", "required")
+SYSTEM_PROMPT = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    "{tools}\n</tools>\n\nFor each function call, return a json object with function name "
+    "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+_CALL = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
+_EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed call: `id` like "call_<hex>", the tool's `name`, its `arguments`."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI `tool_calls` entry (arguments as a JSON string)."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
+        }
+
+
+@dataclass(frozen=True)
+class Tools:
+    """A call's validated tools and tool choice ("auto", "none", "required" or a name)."""
+
+    specs: tuple[dict[str, Any], ...]
+    choice: str
+
+    @classmethod
+    def parse(cls, tools: object, tool_choice: object = None) -> Tools | None:
+        """Validate `tools` and `tool_choice`; None when there are no tools."""
+        if tools is None or (isinstance(tools, Sequence) and not tools):
+            if tool_choice not in (None, "none", "auto"):
+                raise RapidInputError(f"tool_choice {tool_choice!r} given without tools")
+            return None
+        if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
+            raise RapidInputError(f"tools must be a list of tool specs, got {type(tools).__name__}")
+        specs = tuple(_spec(i, tool) for i, tool in enumerate(tools))
+        names = [s["function"]["name"] for s in specs]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise RapidInputError(f"tool names must be unique; given more than once: {twice}")
+        return cls(specs, _choice(tool_choice, names))
+
+    @property
+    def names(self) -> list[str]:
+        return [s["function"]["name"] for s in self.specs]
+
+    def grammar(self) -> Grammar:
+        """What decoding must match under the tool choice (an xgrammar structural tag)."""
+        from .grammar import Grammar
+
+        if self.choice == "none":
+            text = {"type": "any_text", "excludes": [CALL_OPEN]}
+            return Grammar.structural_tag({"type": "structural_tag", "format": text})
+        chosen = [
+            s for s in self.specs if self.choice in CHOICES or s["function"]["name"] == self.choice
+        ]
+        tags = [_call_tag(s["function"]) for s in chosen]
+        if self.choice == "auto":
+            form = {"type": "triggered_tags", "triggers": [CALL_OPEN], "tags": tags}
+        else:
+            form = {
+                "type": "tags_with_separator",
+                "tags": tags,
+                "separator": "\n",
+                "at_least_one": True,
+                "stop_after_first": self.choice != "required",
+            }
+        return Grammar.structural_tag({"type": "structural_tag", "format": form})
+
+
+def _spec(i: int, tool: object) -> dict[str, Any]:
+    """One tool in the OpenAI shape, checked; `parameters` defaults to an empty object."""
+    from .grammar import Grammar
+
+    function = tool.get("function") if isinstance(tool, Mapping) else None
+    if (
+        not isinstance(tool, Mapping)
+        or tool.get("type", "function") != "function"
+        or not isinstance(function, Mapping)
+    ):
+        raise RapidInputError(
+            f'tool {i} must be {{"type": "function", "function": {{"name", "description", '
+            f'"parameters"}}}}, got {tool!r:.200}'
+        )
+    name = function.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", name):
+        raise RapidInputError(
+            f"tool {i}: name must be 1-64 letters, digits, _ . or -, got {name!r}"
+        )
+    parameters = function.get("parameters") or _EMPTY_PARAMETERS
+    schema = Grammar.json_schema(parameters).schema  # GrammarError when invalid
+    if schema.get("type", "object") != "object":
+        raise RapidInputError(f"tool {name!r}: parameters must be a JSON schema of an object")
+    description = function.get("description") or ""
+    if not isinstance(description, str):
+        raise RapidInputError(f"tool {name!r}: description must be a string")
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": schema},
+    }
+
+
+def _choice(tool_choice: object, names: list[str]) -> str:
+    """tool_choice in the OpenAI forms -> "auto", "none", "required" or a tool's name."""
+    if tool_choice is None:
+        return "auto"
+    if tool_choice == "any":  # LangChain's word for "required"
+        return "required"
+    if isinstance(tool_choice, Mapping):
+        function = tool_choice.get("function")
+        tool_choice = function.get("name") if isinstance(function, Mapping) else None
+    if tool_choice in CHOICES or tool_choice in names:
+        return str(tool_choice)
+    raise RapidInputError(
+        f"tool_choice {tool_choice!r} names no given tool; expected one of "
+        f"{[*CHOICES, *names]} or {{'type': 'function', 'function': {{'name': ...}}}}"
+    )
+
+
+def _call_tag(function: Mapping[str, Any]) -> dict[str, Any]:
+    """The structural tag of one tool's call: the markup around its arguments' schema."""
+    return {
+        "type": "tag",
+        "begin": f'{CALL_OPEN}\n{{"name": {json.dumps(function["name"])}, "arguments": ',
+        # At most one whitespace character in a row: a model free to pad JSON can do so forever.
+        "content": {
+            "type": "json_schema",
+            "json_schema": function["parameters"],
+            "max_whitespace_cnt": 1,
+        },
+        "end": f"}}\n{CALL_CLOSE}",
+    }
+
+
+# ---- rendering ----------------------------------------------------------------------------
+
+
+def renders_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template renders a `tools` list itself."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and "tools" in template
+
+
+def prepare_messages(
+    messages: Sequence[Mapping[str, Any]], tools: Tools | None, tokenizer: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Chat messages ready for the chat template, and the template's extra arguments.
+
+    A template that renders tools gets the OpenAI messages and `tools=`. Otherwise the tools
+    go into the system message (`SYSTEM_PROMPT`), an assistant's calls become their markup
+    in its content, and a tool result becomes a user turn `<tool_response>...</tool_response>`
+    (Qwen's rendering), so every template reads them.
+    """
+    if renders_tools(tokenizer):
+        plain = [_with_text_content(m) for m in messages]
+        return plain, ({"tools": list(tools.specs)} if tools else {})
+    out = [_rendered(m) for m in messages]
+    if tools:
+        text = SYSTEM_PROMPT.format(tools="\n".join(json.dumps(s) for s in tools.specs))
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{text}"}
+        else:
+            out.insert(0, {"role": "system", "content": text})
+    return out, {}
+
+
+def _with_text_content(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy whose content is a string (OpenAI allows null next to tool calls), with
+    call arguments as dicts, which chat templates expect."""
+    out = dict(message)
+    if out.get("content") is None and out.get("tool_calls"):
+        out["content"] = ""
+    if out.get("tool_calls"):
+        out["tool_calls"] = [
+            {**c, "function": {**c["function"], "arguments": _arguments(c)}}
+            for c in _calls(out["tool_calls"])
+        ]
+    return out
+
+
+def _rendered(message: Mapping[str, Any]) -> dict[str, Any]:
+    """One message as plain {role, content}, tool calls and results written out."""
+    message = _with_text_content(message)
+    if message.get("role") == "tool":
+        return {
+            "role": "user",
+            "content": f"<tool_response>\n{message.get('content')}\n</tool_response>",
+        }
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    markup = [
+        f"{CALL_OPEN}\n{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}\n{CALL_CLOSE}"
+        for c in calls
+    ]
+    content = "\n".join([message["content"], *markup] if message["content"] else markup)
+    return {"role": message["role"], "content": content}
+
+
+def _calls(calls: object) -> list[Mapping[str, Any]]:
+    if not isinstance(calls, Sequence) or not all(
+        isinstance(c, Mapping) and isinstance(c.get("function"), Mapping) for c in calls
+    ):
+        raise RapidInputError(
+            "an assistant message's tool_calls must be a list of "
+            '{"id", "type": "function", "function": {"name", "arguments"}}'
+        )
+    return list(calls)
+
+
+def _arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+    """A history call's arguments as a dict (OpenAI sends a JSON string)."""
+    arguments = call["function"].get("arguments") or {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            raise RapidInputError(f"tool call arguments are not JSON: {arguments!r:.200}") from exc
+    if not isinstance(arguments, Mapping):
+        raise RapidInputError(f"tool call arguments must be a JSON object, got {arguments!r:.200}")
+    return dict(arguments)
+
+
+# ---- parsing the output -------------------------------------------------------------------
+
+
+def parse_calls(text: str) -> list[ToolCall]:
+    """Every complete `<tool_call>` in `text` with a JSON object naming a tool and its
+    arguments, in order (a call cut off by the token limit is not one)."""
+    calls = []
+    for body in _CALL.findall(text):
+        try:
+            value = json.loads(body)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict) and isinstance(value.get("name"), str):
+            arguments = value.get("arguments")
+            calls.append(
+                ToolCall(
+                    f"call_{secrets.token_hex(12)}",
+                    value["name"],
+                    arguments if isinstance(arguments, dict) else {},
+                )
+            )
+    return calls
+
+
+class ContentFilter:
+    """Text deltas with the call markup taken out, for streams and the output's text.
+
+    Holds back a tail that could still begin `<tool_call>`, everything inside a call, and
+    whitespace next to calls or at the end: the deltas concatenate to the content alone.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._held = ""  # whitespace waiting for text after it
+        self._in_call = False
+        self._after_call = False
+        self.text = ""
+
+    def push(self, delta: str) -> str:
+        """Take one delta; return the content now safe to show."""
+        from .tokens import partial_stop_suffix
+
+        self._buffer += delta
+        shown = []
+        while True:
+            if self._in_call:
+                end = self._buffer.find(CALL_CLOSE)
+                if end < 0:
+                    break
+                self._buffer = self._buffer[end + len(CALL_CLOSE) :]
+                self._in_call, self._after_call = False, True
+                continue
+            start = self._buffer.find(CALL_OPEN)
+            if start >= 0:
+                shown.append(self._show(self._buffer[:start]))
+                self._buffer = self._buffer[start + len(CALL_OPEN) :]
+                self._in_call, self._held = True, ""
+                continue
+            keep = len(self._buffer) - partial_stop_suffix(self._buffer, [CALL_OPEN])
+            shown.append(self._show(self._buffer[:keep]))
+            self._buffer = self._buffer[keep:]
+            break
+        return self._record("".join(shown))
+
+    def finish(self) -> str:
+        """The end of the text: a partial or unclosed call and trailing whitespace drop."""
+        tail = "" if self._in_call else self._buffer.rstrip()
+        self._buffer = ""
+        if not tail:
+            return ""
+        return self._record(self._show(tail))
+
+    def _show(self, text: str) -> str:
+        if self._after_call:
+            text = text.lstrip()
+            self._after_call = not text
+        text = self._held + text
+        body = text.rstrip()
+        self._held = text[len(body) :]
+        return body
+
+    def _record(self, shown: str) -> str:
+        self.text += shown
+        return shown

@@ -1,0 +1,295 @@
+"""Tool calls (docs/algorithm.md section 11): validation, rendering, the call grammars under
+every tool_choice, parsing, streams without markup; tiny models, one SmolLM2 run."""
+
+from __future__ import annotations
+
+import re
+
+import jsonschema
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rapid_integrations import (
+    GrammarError,
+    RapidConfig,
+    RapidEngine,
+    RapidError,
+    RapidInputError,
+    build_draft_prompt,
+)
+from rapid_integrations.tools import CALL_OPEN, ContentFilter, Tools, prepare_messages
+from tests.test_grammar import reference_constrained
+from tests.tiny import JSON_ALPHABET, char_tokenizer, tiny_llama
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["paris", "rome"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "required": ["a"],
+        },
+    },
+}
+TOOLS = [WEATHER, ADD]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+MESSAGES = [{"role": "user", "content": "weather in paris"}]
+
+
+@pytest.fixture(scope="module")
+def ttok():
+    return char_tokenizer(JSON_ALPHABET + "\n")
+
+
+@pytest.fixture(scope="module")
+def ttarget(ttok):
+    return tiny_llama(len(ttok), seed=5, window=2048)
+
+
+@pytest.fixture(scope="module")
+def engine(ttok, ttarget):
+    draft = tiny_llama(len(ttok), seed=6, layers=1, window=2048)
+    return RapidEngine(ttarget, draft, tokenizer=ttok, config=RapidConfig(max_new_tokens=120))
+
+
+def assert_valid_calls(calls, names=tuple(SCHEMAS)):
+    assert calls
+    for call in calls:
+        assert re.fullmatch(r"call_[0-9a-f]{24}", call.id)
+        assert call.name in names
+        jsonschema.validate(call.arguments, SCHEMAS[call.name])
+
+
+# ---- bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tools", "choice", "error", "match"),
+    [
+        ([WEATHER, WEATHER], "auto", RapidInputError, "unique.*get_weather"),
+        (TOOLS, "search", RapidInputError, "names no given tool"),
+        (TOOLS, {"type": "function", "function": {"name": "nope"}}, RapidInputError, "nope"),
+        ([{"name": "x"}], "auto", RapidInputError, "tool 0 must be"),
+        ([{"type": "function", "function": {"name": "a b"}}], "auto", RapidInputError, "name"),
+        (WEATHER, "auto", RapidInputError, "list of tool specs"),
+        (None, "required", RapidInputError, "without tools"),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}],
+            "auto",
+            GrammarError,
+            "invalid JSON schema",
+        ),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+            "auto",
+            RapidInputError,
+            "object",
+        ),
+    ],
+)
+def test_bad_tools_raise_before_decoding(engine, tools, choice, error, match):
+    with pytest.raises(error, match=match) as caught:
+        engine.stream(MESSAGES, tools=tools, tool_choice=choice)
+    assert isinstance(caught.value, RapidError) and isinstance(caught.value, ValueError)
+
+
+def test_tools_need_chat_messages_and_no_second_grammar(engine):
+    from rapid_integrations import Grammar
+
+    with pytest.raises(RapidInputError, match="chat prompt"):
+        engine.generate("weather", tools=TOOLS)
+    with pytest.raises(GrammarError, match="not both"):
+        engine.generate(MESSAGES, tools=TOOLS, grammar=Grammar.json_object())
+
+
+# ---- the call grammars -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["rapid", "sd", "lc"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_required_gives_valid_calls_and_no_text(engine, mode, temperature):
+    finished = 0
+    for seed in range(3):
+        out = engine.generate(
+            MESSAGES,
+            tools=TOOLS,
+            tool_choice="required",
+            mode=mode,
+            seed=seed,
+            temperature=temperature,
+        )
+        assert out.text == ""
+        if out.finish_reason == "length":  # a random model may chain calls past the limit
+            assert temperature > 0
+            continue
+        finished += 1
+        assert out.finish_reason == "tool_calls"
+        assert_valid_calls(out.tool_calls)
+    assert finished >= 2
+
+
+@pytest.mark.parametrize(
+    "choice", ["get_weather", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_named_tool_gives_exactly_one_call_of_it(engine, choice):
+    out = engine.generate(MESSAGES, tools=TOOLS, tool_choice=choice, temperature=1.0, seed=3)
+    assert len(out.tool_calls) == 1
+    assert_valid_calls(out.tool_calls, ["get_weather"])
+
+
+def test_none_and_auto_never_show_markup(engine):
+    for choice in ("none", "auto"):
+        for seed in range(3):
+            out = engine.generate(
+                MESSAGES, tools=TOOLS, tool_choice=choice, temperature=1.0, seed=seed
+            )
+            assert CALL_OPEN not in out.text
+            if choice == "none":
+                assert out.tool_calls == [] and "<tool_call" not in engine.tokenizer.decode(
+                    out.token_ids
+                )
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_eta0_greedy_under_the_call_grammar_is_the_targets_own(engine, ttarget, ttok, gamma):
+    """docs/algorithm.md section 10 with the tools' grammar: the target's masked greedy."""
+    tools = Tools.parse(TOOLS, "required")
+    messages, _ = prepare_messages(MESSAGES, tools, ttok)
+    prompt = ttok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    want = reference_constrained(ttarget, ttok, prompt, tools.grammar(), 120)
+    out = engine.generate(MESSAGES, tools=TOOLS, tool_choice="required", eta=0.0, gamma=gamma)
+    assert out.token_ids == [t for t in want if t != 0]
+
+
+def test_stream_shows_content_only_and_ends_with_the_calls(engine):
+    stream = engine.stream(MESSAGES, tools=TOOLS, tool_choice="required", seed=1)
+    deltas = list(stream)
+    assert "".join(deltas) == stream.output.text == ""
+    assert_valid_calls(stream.output.tool_calls)
+
+
+# ---- rendering -------------------------------------------------------------------------------
+
+HISTORY = [
+    {"role": "user", "content": "weather in rome"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "rome", "days": 2}'},
+            }
+        ],
+    },
+    {"role": "tool", "content": "sunny", "tool_call_id": "call_1", "name": "get_weather"},
+]
+
+
+def test_history_with_calls_and_results_is_rendered_without_tool_support(engine, ttok):
+    messages, extra = prepare_messages(HISTORY, Tools.parse(TOOLS), ttok)
+    assert extra == {}
+    assert messages[0]["role"] == "system" and '"name": "get_weather"' in messages[0]["content"]
+    assert (
+        messages[2]["content"]
+        == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "rome", "days": 2}}\n</tool_call>'
+    )
+    assert messages[3] == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}
+    out = engine.generate(HISTORY, tools=TOOLS, tool_choice="none", max_new_tokens=8)
+    assert out.prompt_tokens > 0
+
+
+def test_a_template_that_renders_tools_gets_them(ttok, ttarget):
+    tok = char_tokenizer(JSON_ALPHABET + "\n")
+    tok.chat_template = (
+        "{% if tools %}<system>{% for t in tools %}{{ t.function.name }} {% endfor %}</s>{% endif %}"
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}{{ c.function.name }}{{ c.function.arguments.city }}{% endfor %}"
+        "</s>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    messages, extra = prepare_messages(HISTORY, Tools.parse(TOOLS), tok)
+    assert extra["tools"][0]["function"]["name"] == "get_weather"
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "rome", "days": 2}
+    engine = RapidEngine(ttarget, tokenizer=tok, config=RapidConfig(max_new_tokens=4))
+    rendered = tok.decode(engine._encode(*engine._with_tools(HISTORY, Tools.parse(TOOLS))))
+    assert rendered.startswith("<system>get_weather add </s>") and "get_weatherrome" in rendered
+
+
+def test_the_draft_prompt_keeps_the_tool_system_message(ttok):
+    """Issue 11 item 6: the draft reads the retrieved context plus the same tool specs."""
+    document = " ".join(f"fact {i} is {i * 7}." for i in range(300))
+    chat = [{"role": "user", "content": f"{document}\n\nquestion: what is fact 3"}]
+    messages, _ = prepare_messages(chat, Tools.parse(TOOLS), ttok)
+    draft = build_draft_prompt(messages, ttok, config=RapidConfig(retrieval_budget=64))
+    assert draft[0] == messages[0]  # the system message with the tool specs, unchanged
+    assert len(draft[-1]["content"]) < len(chat[0]["content"]) / 4
+
+
+# ---- the content filter ----------------------------------------------------------------------
+
+TEXTS = [
+    ("hello <tool_call>\n{}\n</tool_call>", "hello"),
+    ("<tool_call>x</tool_call>\n<tool_call>y</tool_call>", ""),
+    ("a <tool_c b", "a <tool_c b"),
+    ("say <tool_call>{cut off", "say"),
+    ("x\n<tool_call>{}</tool_call>\nthen y  ", "xthen y"),
+]
+
+
+@given(cuts=st.lists(st.integers(0, 60), max_size=8), case=st.sampled_from(TEXTS))
+def test_content_filter_is_split_independent(cuts, case):
+    text, want = case
+    shown, start = ContentFilter(), 0
+    deltas = []
+    for cut in sorted(set(c for c in cuts if c < len(text))):
+        deltas.append(shown.push(text[start:cut]))
+        start = cut
+    deltas += [shown.push(text[start:]), shown.finish()]
+    assert "".join(deltas) == shown.text == want
+    assert not any("<tool_call" in d for d in deltas)
+
+
+@pytest.mark.slow
+def test_smol_required_tool_call_parses(smol_engine):
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Get the current weather in a city",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string", "maxLength": 20}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
+    out = smol_engine.generate(
+        [{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=tools,
+        tool_choice="required",
+        max_new_tokens=60,
+    )
+    assert out.finish_reason == "tool_calls", out
+    assert [c.name for c in out.tool_calls] == ["get_weather"]
+    jsonschema.validate(out.tool_calls[0].arguments, tools[0]["function"]["parameters"])
+    assert out.stats.grammar_seconds > 0
