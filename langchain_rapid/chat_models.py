@@ -24,8 +24,8 @@ from langchain_core.messages import (
     BaseMessage,
     ChatMessage,
     ToolMessage,
-    tool_call_chunk,
 )
+from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from pydantic import BaseModel, ConfigDict
@@ -44,6 +44,7 @@ from .structured import (
 # LangChain message types -> chat template roles. Function messages (OpenAI's old form,
 # without call ids) are refused rather than dropped: dropping would change the conversation.
 _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
+_CALL_BLOCKS = frozenset({"tool_call", "tool_call_chunk", "invalid_tool_call"})
 _CHAT_MESSAGE_ROLES = frozenset({"system", "user", "assistant"})
 
 
@@ -257,6 +258,8 @@ def _role(message: BaseMessage, index: int) -> str:
 def _text(message: BaseMessage, index: int) -> str:
     parts = []
     for block in message.content_blocks:
+        if block["type"] in _CALL_BLOCKS:
+            continue  # an AI message's calls: rendered from `tool_calls` by `_as_dict`
         if block["type"] != "text":
             raise RapidInputError(
                 f"message {index}: {block['type']!r} content is not supported; ChatRapid "
