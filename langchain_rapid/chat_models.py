@@ -206,11 +206,14 @@ class ChatRapid(RapidParams, BaseChatModel):
         *,
         method: StructuredMethod = "json_schema",
         include_raw: bool = False,
+        strict: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
         """Answers as `schema` (a pydantic class, TypedDict or JSON schema): by a JSON-schema
         grammar ("json_schema"), a forced tool call ("function_calling") or any JSON object
-        ("json_mode"); `include_raw` returns {"raw", "parsed", "parsing_error"}."""
+        ("json_mode"); `include_raw` returns {"raw", "parsed", "parsing_error"}. `strict` is
+        accepted for compatibility: the grammar always enforces the schema exactly."""
+        del strict  # always strict: decoding cannot leave the schema
         if kwargs:
             raise RapidConfigError(sorted(kwargs)[0], "unknown with_structured_output argument")
         return structured_runnable(self, self.bind_tools, schema, method, include_raw)
@@ -255,10 +258,15 @@ def _role(message: BaseMessage, index: int) -> str:
     )
 
 
+def _is_tool_use(block: Any) -> bool:
+    """An Anthropic-style tool_use block, which `tool_calls` carries too."""
+    return block["type"] == "non_standard" and block.get("value", {}).get("type") == "tool_use"
+
+
 def _text(message: BaseMessage, index: int) -> str:
     parts = []
     for block in message.content_blocks:
-        if block["type"] in _CALL_BLOCKS:
+        if block["type"] in _CALL_BLOCKS or _is_tool_use(block):
             continue  # an AI message's calls: rendered from `tool_calls` by `_as_dict`
         if block["type"] != "text":
             raise RapidInputError(

@@ -17,9 +17,9 @@ from langchain_tests.unit_tests import ChatModelUnitTests
 from langchain_rapid import ChatRapid
 from rapid_integrations import RapidEngine
 
-# Short answers keep the integration suite quick on two CPU cores; every test still checks
-# real generated text.
-MAX_TOKENS = 32
+# Short answers keep the integration suite quick on two CPU cores (every test still checks
+# real generated text), long enough for a whole tool call or structured answer.
+MAX_TOKENS = 96
 
 
 class NotOffered:
