@@ -6,6 +6,7 @@ Public names only; heavy modules (torch, transformers) load on first use.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from .config import RapidConfig
@@ -23,6 +24,11 @@ from .errors import (
 )
 from .outputs import RapidOutput, RapidStats, RapidStream
 from .tools import ToolCall
+
+# With torchao installed (extra `quant`), transformers imports it with its models, and torchao
+# logs a warning for each optional CUDA kernel it cannot load; without a handler of the
+# application's, Python would print them to stderr on every CPU-only run.
+logging.getLogger("torchao").addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:
     from .engine import RapidEngine

@@ -2,7 +2,8 @@
 
     rapid ask FILE --question Q [options]   answer one question, then print the stats
     rapid chat FILE [options]               a multi-turn conversation about FILE (stdin)
-    rapid bench [--quick] [--out DIR]       quality and speed of every method, side by side
+    rapid bench [--quick | --long | --eta-sweep | --prefill] [--out DIR]
+                                            quality and speed of every method, side by side
     rapid serve [--host H] [--port P]       an OpenAI-compatible server (docs/serving.md)
 
 Without --model the embedded SmolLM2-135M-Instruct answers (converted once on first use).
@@ -177,7 +178,37 @@ def _generation_options(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="small preset: ~12 min on 2 CPU cores")
+    presets = p.add_mutually_exclusive_group()
+    presets.add_argument(
+        "--quick",
+        dest="preset",
+        action="store_const",
+        const="quick",
+        help="small preset: ~12 min on 2 CPU cores",
+    )
+    presets.add_argument(
+        "--long",
+        dest="preset",
+        action="store_const",
+        const="long",
+        help="speed at 16K and 32K (YaRN), every decoding variant, with ceilings: ~25 min",
+    )
+    presets.add_argument(
+        "--eta-sweep",
+        dest="preset",
+        action="store_const",
+        const="eta-sweep",
+        help="QA accuracy of lc, rag and rapid over eta at 2K-8K, 5 tasks per cell: ~30 min",
+    )
+    presets.add_argument(
+        "--prefill",
+        dest="preset",
+        action="store_const",
+        const="prefill",
+        help="prefill speed at 8K and 32K by chunk size, against transformers: ~20 min",
+    )
+    p.add_argument("--gammas", type=_ints, help="--long: fixed gammas rapid also runs at")
+    p.add_argument("--chunk-sizes", type=_ints, help="--prefill: chunk sizes tried")
     p.add_argument("--out", type=Path, help="output folder (default bench-out)")
     p.add_argument("--lengths", type=_ints, help="context lengths, e.g. 2048,4096,8192")
     p.add_argument("--kinds", type=_words, help="task kinds: single,two,chat")
@@ -403,7 +434,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from .bench.runner import BenchSettings, run_bench
 
     settings = BenchSettings.preset(
-        args.quick,
+        args.preset or "full",
+        gammas=args.gammas,
+        chunk_sizes=args.chunk_sizes,
         out=args.out,
         lengths=args.lengths,
         kinds=args.kinds,

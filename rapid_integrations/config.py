@@ -19,7 +19,7 @@ TailGuard = Literal["paper", "draft", "none"]
 Truncation = Literal["error", "head_tail"]
 RetrievalFallback = Literal["builtin", "lc", "raise"]
 DtypeName = Literal["auto", "bfloat16", "float16", "float32"]
-DraftPrecision = Literal["bfloat16", "float16", "int8"]
+DraftPrecision = Literal["bfloat16", "float16", "int8", "int8-weight"]
 MODES: tuple[str, ...] = get_args(Mode)
 RESIDUALS: tuple[str, ...] = get_args(Residual)
 TAIL_GUARDS: tuple[str, ...] = get_args(TailGuard)
@@ -96,13 +96,29 @@ class RapidConfig:
     # The built-in retriever's embedder: a sentence-transformers name or local path (e.g.
     # "BAAI/bge-m3"), an object with `embed(texts) -> unit vectors`, or None (bundled MiniLM).
     retrieval_embedder: Any = field(default=None, compare=False)
+    # Adaptive drafting and the lookup proposer (docs/algorithm.md sections 2.9 and 2.10):
+    # draft_confidence_threshold  the draft stops proposing after a token whose draft
+    #     probability q(x) is below it (0 = off; transformers' assistant_confidence_threshold);
+    # adaptive_gamma  gamma starts at `gamma` and moves with acceptance: +2 after a pass that
+    #     accepted all it asked for, -1 after a rejection, within [1, gamma_max];
+    # speculate_min_context  prompts of fewer target tokens are decoded by the target alone
+    #     (mode "lc": below some length a draft step costs too much to pay off; 0 = never);
+    # lookup_ngram  > 0 drafts by copying first: the continuation of the latest earlier
+    #     occurrence of the last n tokens (n = lookup_ngram down to 2) in C^S, the prompt and
+    #     the output; the model drafts where nothing matches (0 = off; a single token would
+    #     match nearly always and leave the model nothing to draft).
+    draft_confidence_threshold: float = 0.0
+    adaptive_gamma: bool = False
+    gamma_max: int = 32
+    speculate_min_context: int = 0
+    lookup_ngram: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif isinstance(self.stop, list):
             object.__setattr__(self, "stop", tuple(self.stop))
-        for name, check, message in _CHECKS:
+        for name, check, message in (*_CHECKS, *_DRAFTING_CHECKS):
             if not check(getattr(self, name)):
                 raise RapidConfigError(name, f"{message}, got {getattr(self, name)!r}")
 
@@ -175,5 +191,17 @@ _CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
             v is None or isinstance(v, (str, os.PathLike)) or callable(getattr(v, "embed", None))
         ),
         "must be a sentence-transformers name or path, an object with embed(texts), or None",
+    ),
+)
+
+_DRAFTING_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("draft_confidence_threshold", lambda v: _real(v) and 0 <= v <= 1, "must be in [0, 1]"),
+    ("adaptive_gamma", lambda v: isinstance(v, bool), "must be a bool"),
+    ("gamma_max", lambda v: _int(v) and 1 <= v <= 64, "must be an integer in [1, 64]"),
+    ("speculate_min_context", lambda v: _int(v) and v >= 0, "must be an integer >= 0"),
+    (
+        "lookup_ngram",
+        lambda v: _int(v) and (v == 0 or 2 <= v <= 8),
+        "must be 0 (off) or an integer in [2, 8]",
     ),
 )

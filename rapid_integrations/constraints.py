@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .config import RapidConfig
-from .errors import RapidError
+from .errors import GrammarError, RapidError
 from .sampling import check_finite, penalize
 
 if TYPE_CHECKING:
@@ -124,6 +124,7 @@ class Constraints:
         for i in range(k):
             if self._live:
                 self._matcher.fill_next_token_bitmask(self._bitmask, i)
+                self._check_writable(i)
             elif i:
                 self._bitmask[i] = self._bitmask[i - 1]
             if i < len(drafts):
@@ -142,6 +143,17 @@ class Constraints:
         z.clamp_(min=torch.finfo(z.dtype).min)
         self.seconds += time.perf_counter() - start
         return z
+
+    def _check_writable(self, row: int) -> None:
+        """A live matcher that allows no token means the tokenizer cannot spell what the
+        grammar requires next (a character missing from its vocabulary): say so instead of
+        sampling from an all-zero p."""
+        if not bool(self._bitmask[row].any()):
+            raise GrammarError(
+                "the grammar allows no token of this tokenizer at this point: its vocabulary "
+                "cannot write what the grammar requires next (a missing character, such as "
+                "the newline of the tool-call markup)"
+            )
 
     def _seen_rows(self, drafts: list[int], k: int) -> torch.Tensor:
         """[k, V] bool: row i marks the history, the tail and drafts[:i]."""

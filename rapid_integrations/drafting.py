@@ -1,6 +1,9 @@
 """The proposer role: a draft model that proposes gamma tokens and learns what was kept.
 
-Two methods, after transformers' candidate generators: `propose` and `commit`.
+Two methods, after transformers' candidate generators: `propose` and `commit`. A proposer may
+return fewer drafts than asked (docs/algorithm.md section 2.9): the loop verifies what it got.
+`LookupProposer` drafts by copying (section 2.10); `LookupFirst` puts it before the model.
+`GammaSchedule` says how many drafts to ask for next.
 """
 
 from __future__ import annotations
@@ -17,13 +20,11 @@ from .sampling import check_finite, log_probs
 
 class Proposer(Protocol):
     def propose(self, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft `gamma` tokens: ids [gamma] and their sampling distributions q [gamma, V]
+        """Draft k tokens, 1 <= k <= `gamma`: ids [k] and their sampling distributions q [k, V]
         (None when the verdict does not need q: greedy with eta = 0)."""
         ...
 
     def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
-        if self._constraints is not None:
-            self._constraints.settle(accepted, token)
         """The target kept the first `accepted` of the `gamma` drafts, then emitted `token` [1]."""
         ...
 
@@ -42,11 +43,12 @@ class ModelProposer:
         self._constraints = constraints
         self._cfg = config
         self._gen = generator
-        self._need_q = not (config.greedy and config.eta == 0)
+        self._need_q = needs_q(config)
         self._last = state.pending[:0]  # [1] x_gamma of the last proposal, never fed to the draft
 
     def propose(self, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft ids x [gamma] (int64) and q [gamma, V] (None unless needed): see `Proposer`."""
+        """Draft ids x [k] (int64) and q [k, V] (None unless needed), k <= gamma: fewer when
+        the confidence threshold stops drafting early. See `Proposer`."""
         logits = self.state.feed()[-1]  # [V]
         xs, qs, rows = [], [], []
         for i in range(gamma):
@@ -56,8 +58,10 @@ class ModelProposer:
             xs.append(x)
             qs.append(q)
             rows.append(logits)
-            if i + 1 < gamma:
+            if i + 1 < gamma and self._confident(logits, x, q):
                 logits = self.state.feed(x)[-1]
+            else:
+                break
         self._last = xs[-1]
         if not self._need_q:
             # log_probs checks the logits whenever q is computed; once per proposal here, as a
@@ -81,6 +85,19 @@ class ModelProposer:
         q = log_probs(logits[None], cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)[0].exp()
         return torch.multinomial(q, 1, generator=self._gen), q
 
+    def _confident(self, logits: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None) -> bool:
+        """Whether to draft past `x`: its draft probability reaches the confidence threshold
+        (as transformers' ConfidenceCriteria: the low-confidence token itself is proposed)."""
+        threshold = self._cfg.draft_confidence_threshold
+        if threshold <= 0:
+            return True
+        probs = q if q is not None else torch.softmax(logits.float(), dim=-1)
+        return bool(probs[x] >= threshold)
+
+    def observe(self, tokens: torch.Tensor) -> None:
+        """Commit `tokens` ([k] ids) that another proposer drafted: read on the next propose."""
+        self.state.append(tokens)
+
     def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
         """Roll the draft cache back to the kept drafts and queue `token` [1] (int64) after them."""
         if self._constraints is not None:
@@ -93,3 +110,119 @@ class ModelProposer:
             self.state.append(token)
         else:
             self.state.append(torch.cat([self._last, token.to(self._last.device)]))
+
+
+def needs_q(config: RapidConfig) -> bool:
+    """Whether the verdict needs draft distributions: all but greedy with eta = 0."""
+    return not (config.greedy and config.eta == 0)
+
+
+class GammaSchedule:
+    """How many drafts to ask for on the next pass (docs/algorithm.md section 2.9).
+
+    Fixed `gamma`, or with `adaptive_gamma` transformers' heuristic: +2 after a pass that
+    drafted and accepted all it asked for, -1 after a rejection, within [1, gamma_max]; a pass
+    whose drafter stopped early and was accepted whole leaves it unchanged.
+    """
+
+    def __init__(self, config: RapidConfig) -> None:
+        self._adaptive = config.adaptive_gamma
+        self._max = config.gamma_max
+        self.gamma = min(config.gamma, self._max) if self._adaptive else config.gamma
+
+    def update(self, asked: int, drafted: int, accepted: int) -> None:
+        """After a pass that asked for `asked` drafts, got `drafted` and accepted `accepted`."""
+        if not self._adaptive or asked == 0:
+            return
+        if accepted < drafted:
+            self.gamma = max(1, self.gamma - 1)
+        elif drafted == asked:
+            self.gamma = min(self._max, self.gamma + 2)
+
+
+class LookupProposer:
+    """Drafts by copying (docs/algorithm.md section 2.10): where the last n tokens of the
+    sequence occurred before (n = `ngram` down to 2), propose what followed their latest
+    earlier occurrence. Its q is one-hot on each proposed id.
+
+    `corpus`: ids searched besides the sequence itself (C^S); `sequence`: the target's ids so
+    far (the prompt); committed tokens extend it. Lookups are O(ngram) dict probes.
+    """
+
+    def __init__(self, corpus: list[int], sequence: list[int], ngram: int, vocab: int) -> None:
+        self._ngram = ngram
+        self._vocab = vocab
+        self._tokens: list[int] = []
+        # n-gram -> index of the token that followed its latest occurrence
+        self._next: dict[tuple[int, ...], int] = {}
+        self._start = 0  # where the current text begins: no n-gram spans two texts
+        self._extend(corpus)
+        self._start = len(self._tokens)
+        self._extend(sequence)
+
+    def _extend(self, ids: list[int]) -> None:
+        for token in ids:
+            i = len(self._tokens)
+            for n in range(2, min(self._ngram, i - self._start) + 1):
+                self._next[tuple(self._tokens[i - n : i])] = i
+            self._tokens.append(token)
+
+    def find(self, gamma: int) -> list[int]:
+        """Up to `gamma` ids continuing the sequence's longest matched suffix ([] if none)."""
+        end = len(self._tokens)
+        for n in range(self._ngram, 1, -1):
+            if end - n < self._start:
+                continue
+            at = self._next.get(tuple(self._tokens[end - n :]))
+            if at is not None:
+                return self._tokens[at : at + gamma]
+        return []
+
+    def extend(self, tokens: torch.Tensor) -> None:
+        """Commit `tokens` ([k] ids) to the sequence."""
+        self._extend(tokens.tolist())
+
+    def one_hot(self, x: torch.Tensor) -> torch.Tensor:
+        """q [k, V] of the proposals `x` [k]: all mass on each proposed id."""
+        q = torch.zeros(x.numel(), self._vocab, dtype=torch.float32, device=x.device)
+        return q.scatter_(1, x[:, None], 1.0)
+
+
+class LookupFirst:
+    """The composite proposer: the lookup drafts where it finds a match, the model elsewhere.
+
+    The model's cache falls behind while the lookup drafts; the tokens kept meanwhile are
+    handed to it (`ModelProposer.observe`) and read on its next proposal.
+    """
+
+    def __init__(self, lookup: LookupProposer, model: ModelProposer, config: RapidConfig) -> None:
+        self.lookup = lookup
+        self.model = model
+        self._need_q = needs_q(config)
+        self._x = torch.zeros(0, dtype=torch.long)  # the last proposal
+        self._copied = False  # whether the lookup made it
+        self.lookup_drafted = 0
+        self.lookup_accepted = 0
+
+    @property
+    def state(self) -> KVState:
+        return self.model.state
+
+    def propose(self, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        found = self.lookup.find(gamma) if gamma > 0 else []
+        self._copied = bool(found)
+        if not found:
+            self._x, q = self.model.propose(gamma)
+            return self._x, q
+        self._x = torch.tensor(found, dtype=torch.long, device=self.model.state.pending.device)
+        return self._x, (self.lookup.one_hot(self._x) if self._need_q else None)
+
+    def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
+        kept = torch.cat([self._x[:accepted], token.to(self._x.device)])
+        if self._copied:
+            self.model.observe(kept)
+            self.lookup_drafted += gamma
+            self.lookup_accepted += accepted
+        else:
+            self.model.commit(accepted, gamma, token)
+        self.lookup.extend(kept)

@@ -26,7 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .attention import use_rapid_attention
 from .config import DRAFT_PRECISIONS, RapidConfig, check_choice, check_mode
 from .constraints import Constraints
-from .drafting import ModelProposer, Proposer
+from .drafting import GammaSchedule, LookupFirst, LookupProposer, ModelProposer, Proposer
 from .errors import (
     ContextWindowExceededError,
     DeviceOutOfMemoryError,
@@ -35,7 +35,7 @@ from .errors import (
     RapidInputError,
     VocabularyMismatchError,
 )
-from .kv import KVState
+from .kv import KVState, check_cache_layout
 from .models import (
     LoadOptions,
     config_window,
@@ -76,9 +76,11 @@ def speculate(
     `end_ids` are the end-of-sequence ids of the end guard (None: no guard); `constraints`
     shape the target's logits (docs/algorithm.md section 9; None: raw logits).
     """
+    schedule = GammaSchedule(cfg)
     while True:
-        gamma = min(cfg.gamma, budget() - 1) if proposer else 0
-        x, q = proposer.propose(gamma) if proposer and gamma > 0 else (target.pending[:0], None)
+        asked = min(schedule.gamma, budget() - 1) if proposer else 0
+        x, q = proposer.propose(asked) if proposer and asked > 0 else (target.pending[:0], None)
+        gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)
         z = target.feed(x)
         if constraints:
             z = constraints.apply(z, x)
@@ -89,6 +91,7 @@ def speculate(
             constraints.settle(n, token)
         if proposer:
             proposer.commit(n, gamma, token)
+        schedule.update(asked, gamma, n)
         stats.drafted_tokens += gamma
         stats.accepted_tokens += n
         yield x[:n].tolist() + token.tolist()
@@ -119,8 +122,9 @@ class RapidEngine:
     here (device_map including "auto", quantization_config, attn_implementation,
     trust_remote_code, revision, dtype, ...); the draft does not inherit the target's. A
     device-mapped or quantized model is never moved: the verdict runs where its logits are.
-    draft_precision ("bfloat16", "float16" or "int8") drafts with a cheaper in-memory copy of
-    the draft (of the target, under self-speculation); outputs stay exact, acceptance may drop.
+    draft_precision (one of `config.DRAFT_PRECISIONS`: "bfloat16", "float16", "int8-weight",
+    "int8") drafts with a cheaper in-memory copy of the draft (of the target,
+    under self-speculation); outputs stay exact, acceptance may drop (int8 loses most).
     Models that use SDPA are switched to `attention.rapid_attention`, the same math without
     copying the grouped-query KV cache on verify passes.
     Every argument is checked before any weights load: bad values raise `RapidConfigError`.
@@ -175,6 +179,8 @@ class RapidEngine:
             self.draft, draft_tok = load_model(draft, draft_options)
         if draft_precision is not None:
             self.draft = lower_precision_copy(self.draft, draft_precision)
+        check_cache_layout(self.target, "target")
+        check_cache_layout(self.draft, "draft")
         for model in {id(m): m for m in (self.target, self.draft)}.values():
             use_rapid_attention(model)
         self.vocab_size = _shared_vocab(
@@ -314,6 +320,11 @@ class RapidEngine:
             stats.draft_cached_prefix_tokens = draft.reused_tokens
             shaping.append(self._constraints(plan, self.draft, "the draft model"))
             proposer = ModelProposer(draft, cfg, draft_gen, shaping[-1])
+            # The lookup's copies bypass the draft's constraints (its matcher and history
+            # would fall behind), so it drafts only for calls with nothing to shape.
+            if cfg.lookup_ngram and shaping[-1] is None:
+                lookup = LookupProposer(plan.draft_ids, plan.ids, cfg.lookup_ngram, self.vocab_size)
+                proposer = LookupFirst(lookup, proposer, cfg)
         decode_start = time.perf_counter()
         stats.prefill_seconds = decode_start - start
 
@@ -344,6 +355,9 @@ class RapidEngine:
         if proposer:
             stats.draft_forward_passes = proposer.state.forward_passes
             stats.draft_forward_seconds = proposer.state.forward_seconds
+        if isinstance(proposer, LookupFirst):
+            stats.lookup_drafted_tokens = proposer.lookup_drafted
+            stats.lookup_accepted_tokens = proposer.lookup_accepted
         if content is None:
             return RapidOutput(detok.text, detok.ids, finish, stats.finalize(), len(plan.ids))
         calls = parse_calls(detok.text)
@@ -421,6 +435,8 @@ class RapidEngine:
         stats = RapidStats(mode=mode, eta=cfg.eta, gamma=cfg.gamma, seed=seed)
         prompt, template = self._with_tools(prompt, tools)
         ids = self._fit(self._encode(prompt, template), self.target, cfg)
+        if mode in ("rapid", "sd") and len(ids) < cfg.speculate_min_context:
+            mode = "lc"  # too short for speculation to pay off (docs/algorithm.md section 2.9)
         if mode in ("rapid", "rag") and draft_prompt is None:
             draft_prompt, mode = self._retrieve(prompt, ids, retriever, query, cfg, stats, mode)
         elif draft_prompt is not None:

@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
 
+from .errors import RapidConfigError
 from .prefix_cache import KV, PrefixCache
 
 
@@ -63,13 +64,84 @@ class BufferedLayer(DynamicLayer):
             self._set_length(self.length - abs(tokens_to_remove))
 
 
-def new_cache(model: PreTrainedModel, capacity: int) -> DynamicCache:
-    """A DynamicCache whose plain attention layers are `BufferedLayer`s of `capacity` tokens."""
+class BufferedSlidingLayer(BufferedLayer):
+    """A sliding-window (or chunked) attention layer that keeps every token, like `BufferedLayer`.
+
+    transformers' DynamicSlidingWindowLayer drops tokens older than the window, so it cannot
+    be rolled back once the window is reached, and its KV cannot be reused as a prefix. Here
+    the buffer holds the whole sequence; each forward pass sees only the last
+    `sliding_window - 1` cached tokens plus the new ones (views, no copy), and `get_mask_sizes`
+    reports that span with its offset, so the model's own sliding-window mask masks by absolute
+    position exactly as with transformers' layer. Memory is that of a full layer.
+    """
+
+    is_sliding = True
+
+    def __init__(self, capacity: int, sliding_window: int) -> None:
+        super().__init__(capacity)
+        self.sliding_window = sliding_window
+
+    def _first_visible(self) -> int:
+        """Index of the oldest cached token the next query block may attend to."""
+        return max(self.length - self.sliding_window + 1, 0)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append states [batch, kv_heads, new, head_dim]; return the visible span
+        [batch, kv_heads, kv_length, head_dim] of `get_mask_sizes` (taken before the append)."""
+        start = self._first_visible()
+        super().update(key_states, value_states)
+        return self.keys[..., start:, :], self.values[..., start:, :]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        offset = self._first_visible()
+        return self.length - offset + query_length, offset
+
+    def get_max_length(self) -> int:
+        return self.sliding_window
+
+
+def _buffered(layer: object, capacity: int) -> object | None:
+    """The buffered replacement of one of transformers' cache layers; None if there is none."""
+    if type(layer) is DynamicLayer:
+        return BufferedLayer(capacity)
+    if type(layer) is DynamicSlidingWindowLayer:  # sliding-window and chunked attention
+        return BufferedSlidingLayer(capacity, layer.sliding_window)
+    if type(layer) is DummyLayer:  # a layer that reads another layer's KV stores nothing
+        return layer
+    return None
+
+
+def new_cache(model: PreTrainedModel, capacity: int, role: str = "model") -> DynamicCache:
+    """A DynamicCache whose attention layers are buffered layers of `capacity` tokens.
+
+    Raises `RapidConfigError` (field `role`) naming the layer kind when a layer's cache cannot
+    be rolled back to the accepted drafts (recurrent, convolutional, compressed attention).
+    """
     cache = DynamicCache(config=model.config)
-    cache.layers = [
-        BufferedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers
-    ]
+    layers = [_buffered(layer, capacity) for layer in cache.layers]
+    if None in layers:
+        kinds = sorted(
+            {
+                type(old).__name__
+                for old, new in zip(cache.layers, layers, strict=True)
+                if new is None
+            }
+        )
+        raise RapidConfigError(
+            role,
+            f"the {model.config.model_type} model has cache layers of kind {', '.join(kinds)} "
+            "(recurrent, convolutional or compressed attention), which cannot be rolled back "
+            "to the accepted drafts; supported: full, sliding-window and chunked attention",
+        )
+    cache.layers = layers
     return cache
+
+
+def check_cache_layout(model: PreTrainedModel, role: str) -> None:
+    """Raise `RapidConfigError` now, at engine construction, if `model`'s cache is unsupported."""
+    new_cache(model, 1, role)
 
 
 @dataclass
@@ -122,7 +194,7 @@ class KVState:
         return state
 
     def _plain_layers(self) -> bool:
-        # Sliding-window or recurrent layers do not keep every token's KV: nothing to reuse.
+        # Every layer must hold every token's KV (buffered full or sliding layers) to be reused.
         return all(isinstance(layer, BufferedLayer) for layer in self.cache.layers)
 
     def _load(self, kv: KV) -> None:

@@ -46,6 +46,8 @@ class RapidStats:
     grammar_seconds: float = 0.0
     overhead_fraction: float = 0.0
     mean_accepted_per_pass: float = 0.0
+    lookup_drafted_tokens: int = 0  # of drafted_tokens, those the lookup proposer copied
+    lookup_accepted_tokens: int = 0
 
     def finalize(self) -> RapidStats:
         """Fill the derived rates from the counters; returns self."""

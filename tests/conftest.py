@@ -9,6 +9,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
+import torch
 from hypothesis import settings
 
 from tests.tiny import char_tokenizer, tiny_llama
@@ -16,6 +17,16 @@ from tests.tiny import char_tokenizer, tiny_llama
 # The same examples on every run: a property test may not pass or fail by luck in CI.
 settings.register_profile("deterministic", derandomize=True, deadline=None)
 settings.load_profile("deterministic")
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models and tensors: a thread pool only adds synchronization (30 times slower on a
+    busy machine). Used by the statistical tests, which make thousands of small calls."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +42,18 @@ def target(tok):
 @pytest.fixture(scope="session")
 def draft(tok):
     return tiny_llama(len(tok), seed=2, layers=1)
+
+
+@pytest.fixture(scope="module")
+def engines(tok, target, draft):
+    """eta = 0 engines on the tiny pair: self-speculation and a separate draft."""
+    from rapid_integrations import RapidConfig, RapidEngine
+
+    cfg = RapidConfig(eta=0.0, max_new_tokens=24, ignore_eos=True)
+    return {
+        "self": RapidEngine(target, tokenizer=tok, config=cfg),
+        "separate": RapidEngine(target, draft, tokenizer=tok, config=cfg),
+    }
 
 
 @pytest.fixture(scope="session")

@@ -73,8 +73,8 @@ class CacheTracker:
         self.refs: list[weakref.ref[DynamicCache]] = []
         self._make = kv.new_cache
 
-    def new_cache(self, model: PreTrainedModel, capacity: int) -> DynamicCache:
-        cache = self._make(model, capacity)
+    def new_cache(self, model: PreTrainedModel, capacity: int, *args: Any) -> DynamicCache:
+        cache = self._make(model, capacity, *args)
         self.refs.append(weakref.ref(cache))
         return cache
 

@@ -270,3 +270,64 @@ def test_bench_smoke_run_writes_results_table_and_plots(tmp_path, capsys):
     assert "| context | method | accuracy |" in table and "rapid eta=5" in table
     for name in PLOTS:
         assert (out / name).read_bytes().startswith(b"\x89PNG")
+
+
+# ---- issue 14 presets on tiny random models -------------------------------------------------
+
+LONG_FIELDS = {
+    "method",
+    "context_tokens",
+    "decode_tokens_per_second",
+    "acceptance_rate",
+    "ceiling_speedup",
+}
+
+
+def _bench(tmp_path, capsys, flags: str) -> dict:
+    out = tmp_path / "bench"
+    assert main(["bench", *flags.split(), "--json", "--no-progress", "--out", str(out)]) == 0
+    capsys.readouterr()
+    return json.loads((out / "results.json").read_text())
+
+
+def test_long_preset_records_carry_the_ceiling(tmp_path, capsys):
+    results = _bench(
+        tmp_path, capsys, "--long --tiny-models --lengths 512 --speed-tokens 8 --gammas 2"
+    )
+    records = results["records"]
+    assert all(set(r) >= LONG_FIELDS and r["suite"] == "long" for r in records)
+    labels = [r["label"] for r in records]
+    assert labels[0] == "lc" and "hf-pld" in labels and "sd" in labels
+    assert {
+        "rapid eta=5",
+        "rapid eta=5 gamma=2",
+        "rapid eta=5 adaptive",
+        "rapid eta=5 lookup",
+    } <= set(labels)
+    drafted = [r for r in records if r["method"] in ("sd", "rapid")]
+    assert all(r["ceiling_speedup"] >= 1.0 and r["step_costs"]["target_step"] > 0 for r in drafted)
+    assert all(r["ceiling_speedup"] is None for r in records if r["method"] in ("lc", "hf-pld"))
+    # After lc, the methods reuse the prompt's KV instead of prefilling it again.
+    assert all(r["cached_prefix_tokens"] > 0 for r in records if r["method"] in ("sd", "rapid"))
+    figures = {f["figure"] for f in results["speed_figures"]}
+    assert {"rapid speedup / ceiling (long)", "adaptive drafting / best fixed gamma"} <= figures
+
+
+def test_eta_sweep_reports_accuracy_with_its_spread(tmp_path, capsys):
+    flags = "--eta-sweep --tiny-models --lengths 512 --tasks 2 --etas 0,5 --max-new-tokens 4"
+    results = _bench(tmp_path, capsys, flags)
+    records = results["records"]
+    assert {r["method"] for r in records} == {"lc", "rag", "rapid"}
+    assert all(r["suite"] == "qa" and r["turn"] == 1 for r in records)
+    rows = [r for r in results["summary"] if r["task"] == "all"]
+    assert all(r["n"] == 2 * len(TASK_KINDS) and r["accuracy_stderr"] is not None for r in rows)
+
+
+def test_prefill_preset_tries_chunk_sizes_then_keeps_the_best(tmp_path, capsys):
+    flags = "--prefill --tiny-models --lengths 512,1024 --chunk-sizes 64,128"
+    rows = _bench(tmp_path, capsys, flags)["prefill"]
+    first = [(r["method"], r["chunk"]) for r in rows if r["context_label"] == 512]
+    assert first == [("engine", 64), ("engine", 128), ("transformers", None)]
+    second = [r for r in rows if r["context_label"] == 1024]
+    assert {r["chunk"] for r in second if r["method"] == "engine"} <= {64, 128, 512}
+    assert all(r["tokens_per_second"] > 0 and r["bound_seconds"] > 0 for r in rows)

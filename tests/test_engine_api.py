@@ -42,6 +42,14 @@ BAD_VALUES = {
     "query_fn": ["not callable"],
     "prefix_cache_bytes": [-1, 1.5],
     "retrieval_embedder": [42, object()],
+    "top_k": [-1, 2.5, True],
+    "min_p": [-0.1, 1.5, float("nan")],
+    "repetition_penalty": [0, -1.0, float("inf")],
+    "draft_confidence_threshold": [-0.1, 1.5],
+    "adaptive_gamma": ["yes", 1],
+    "gamma_max": [0, 65, 2.0],
+    "speculate_min_context": [-1, 1.5],
+    "lookup_ngram": [1, 9, -2],
 }
 
 

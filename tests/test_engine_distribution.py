@@ -2,7 +2,8 @@
 
 The vocabulary (26 tokens) is small enough to enumerate, so the law of the first emitted token
 is computed exactly from no-cache forward passes and compared by a chi-square test to the
-engine's output over many seeds (fixed seeds: the test is deterministic).
+engine's output over many seeds (fixed seeds: the test is deterministic). Expected laws at
+eta > 0 come from the numpy oracle of `tests/oracle.py`, which shares no code with the package.
 """
 
 from __future__ import annotations
@@ -13,19 +14,38 @@ import torch
 from scipy.stats import chisquare
 
 from rapid_integrations import RapidConfig, RapidEngine
-from rapid_integrations.sampling import log_probs, one_step_law, p_hat
+from rapid_integrations.drafting import ModelProposer
+from rapid_integrations.kv import KVState
+from tests import oracle
 from tests.tiny import next_token_probs
 
 PROMPT, DRAFT_PROMPT = "kab", "ab"
+# Where p_hat pulls hard: at eta = 8 the one-token law is more than 0.36 from p (total
+# variation) under either residual and tail guard; on PROMPT at eta = 3 it is 0.009, too close
+# to tell apart.
+FAR_PROMPT, FAR_DRAFT_PROMPT, FAR_ETA = "cab d", "d", 8.0
 N = 1200
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def first_tokens(engine: RapidEngine, n: int = N, position: int = 0, **overrides) -> np.ndarray:
+def first_tokens(
+    engine: RapidEngine,
+    n: int = N,
+    position: int = 0,
+    prompts: tuple[str, str] = (PROMPT, DRAFT_PROMPT),
+    **overrides,
+) -> np.ndarray:
     counts = np.zeros(len(engine.tokenizer))
     for seed in range(n):
-        out = engine.generate(PROMPT, DRAFT_PROMPT, seed=seed, ignore_eos=True, **overrides)
+        out = engine.generate(*prompts, seed=seed, ignore_eos=True, **overrides)
         counts[out.token_ids[position]] += 1
     return counts
+
+
+@torch.inference_mode()
+def last_logits(model, tok, ids: list[int]) -> np.ndarray:
+    """Logits [V] after `ids`, recomputed without a cache."""
+    return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1, : len(tok)].numpy()
 
 
 def assert_follows(counts: np.ndarray, law: np.ndarray) -> None:
@@ -33,14 +53,6 @@ def assert_follows(counts: np.ndarray, law: np.ndarray) -> None:
     expected = law[keep] / law[keep].sum() * counts[keep].sum()
     result = chisquare(counts[keep], expected)
     assert result.pvalue > 1e-3, (result, counts, law * counts.sum())
-
-
-def draft_q(draft, tok, temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
-    with torch.inference_mode():
-        logits = draft(input_ids=torch.tensor([tok.encode(DRAFT_PROMPT)])).logits[
-            0, -1:, : len(tok)
-        ]
-    return log_probs(logits, temperature, top_p).exp()[0]
 
 
 @pytest.fixture(scope="module")
@@ -66,33 +78,89 @@ def test_eta0_sampling_second_token_follows_p(engine, target, tok, gamma):
 
 
 def test_eta0_temperature_and_top_p_follow_filtered_p(engine, target, tok):
-    logits = torch.log(next_token_probs(target, tok.encode(PROMPT), len(tok)))
-    law = log_probs(logits[None], 1.5, 0.8).exp()[0].numpy()
+    law = oracle.target_p(last_logits(target, tok, tok.encode(PROMPT))[None], 1.5, 0.8)[0]
     counts = first_tokens(engine, gamma=2, max_new_tokens=3, temperature=1.5, top_p=0.8)
     assert 4 <= (law > 0).sum() < len(law)  # the nucleus really cuts, yet leaves a choice
     assert counts[law == 0].sum() == 0  # nothing outside the nucleus, ever
     assert_follows(counts, law)
 
 
+def oracle_law(target, draft, tok, prefix: list[int], rules: oracle.Rules) -> np.ndarray:
+    """The oracle's law [V] of the token emitted after `prefix` (ids after both prompts)."""
+    p = oracle.target_p(
+        last_logits(target, tok, tok.encode(FAR_PROMPT) + prefix)[None],
+        rules.temperature,
+        rules.top_p,
+    )[0]
+    q = oracle.target_p(
+        last_logits(draft, tok, tok.encode(FAR_DRAFT_PROMPT) + prefix)[None],
+        rules.temperature,
+        rules.top_p,
+    )[0]
+    return oracle.one_token_law(p, q, rules), p
+
+
+def far_tokens(engine: RapidEngine, position: int = 0, **overrides) -> np.ndarray:
+    """Counts of the token at `position` on the far prompt, gamma 3, eta FAR_ETA."""
+    prompts = (FAR_PROMPT, FAR_DRAFT_PROMPT)
+    return first_tokens(
+        engine,
+        position=position,
+        prompts=prompts,
+        gamma=3,
+        max_new_tokens=4,
+        eta=FAR_ETA,
+        **overrides,
+    )
+
+
 @pytest.mark.parametrize("rule", ["paper", "exact"])
 @pytest.mark.parametrize("guard", ["paper", "draft"])
-def test_eta_positive_first_token_follows_one_step_law(engine, target, draft, tok, rule, guard):
-    eta = 3.0
-    p = next_token_probs(target, tok.encode(PROMPT), len(tok))
-    q = draft_q(draft, tok).double()
-    ph = p_hat(torch.log(p)[None], q[None], eta, guard)[0]
-    law = one_step_law(p, ph, q, rule)
-    if rule == "exact":
-        np.testing.assert_allclose(law, ph, atol=1e-9)  # the exact residual yields p_hat itself
-    counts = first_tokens(
-        engine, gamma=2, max_new_tokens=3, eta=eta, residual=rule, tail_guard=guard
+def test_eta_positive_first_token_follows_the_oracle(engine, target, draft, tok, rule, guard):
+    rules = oracle.Rules(FAR_ETA, residual=rule, tail_guard=guard)
+    law, p = oracle_law(target, draft, tok, [], rules)
+    assert oracle.total_variation(law[None], p[None])[0] > 0.2  # far from p: a real test
+    counts = far_tokens(engine, residual=rule, tail_guard=guard)
+    assert_follows(counts, law)
+
+
+def test_eta_positive_second_token_follows_the_oracle(engine, target, draft, tok):
+    """gamma = 3: token 2 is always emitted at a drafted position (a verified draft, or the
+    first draft of the next step after a rejection), so given token 1 = a it follows the
+    one-token law at prefix [a]: its marginal is sum_a P1(a) P2(. | a)."""
+    rules = oracle.Rules(FAR_ETA)
+    first, _ = oracle_law(target, draft, tok, [], rules)
+    law = sum(
+        first[a] * oracle_law(target, draft, tok, [a], rules)[0]
+        for a in range(len(tok))
+        if first[a] > 0
     )
-    assert_follows(counts, law.numpy())
+    counts = far_tokens(engine, position=1)
+    assert_follows(counts, law)
 
 
-def test_eta_positive_exact_residual_is_detectably_not_p(engine, target, tok):
-    """Power check: the test above would notice an engine that ignored eta (law p instead)."""
-    p = next_token_probs(target, tok.encode(PROMPT), len(tok)).numpy()
-    counts = first_tokens(engine, gamma=2, max_new_tokens=3, eta=3.0, residual="exact")
-    keep = p * counts.sum() >= 5
-    assert chisquare(counts[keep], p[keep] / p[keep].sum() * counts[keep].sum()).pvalue < 1e-3
+def test_eta_positive_at_temperature_and_top_p_follows_the_oracle(engine, target, draft, tok):
+    rules = oracle.Rules(FAR_ETA, temperature=1.3, top_p=0.8)
+    law, p = oracle_law(target, draft, tok, [], rules)
+    assert 2 <= (p > 0).sum() < len(p) and oracle.total_variation(law[None], p[None])[0] > 0.2
+    counts = far_tokens(engine, temperature=1.3, top_p=0.8)
+    assert counts[p == 0].sum() == 0  # nothing outside the target's nucleus
+    assert_follows(counts, law)
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.8), (1.6, 0.9), (0.0, 0.8)])
+def test_proposer_q_is_the_drafts_own_filtered_distribution(draft, tok, temperature, top_p):
+    """q at every drafted row equals softmax(draft logits / T) after top-p, computed here by
+    the oracle from no-cache logits (greedy: the T = 1 softmax, unfiltered, section 3)."""
+    cfg = RapidConfig(eta=2.0, temperature=temperature, top_p=top_p, gamma=4)
+    ids = tok.encode("hello. ab cd")
+    state = KVState.start(draft, ids, len(tok), chunk=5, capacity=len(ids) + 8)
+    x, q = ModelProposer(state, cfg, torch.Generator().manual_seed(0)).propose(4)
+    for i in range(4):
+        want = oracle.target_p(
+            last_logits(draft, tok, ids + x[:i].tolist())[None],
+            temperature,
+            top_p if temperature else 1.0,
+        )[0]
+        np.testing.assert_allclose(q[i].detach().double().numpy(), want, atol=1e-9)
+        assert want[int(x[i])] > 0

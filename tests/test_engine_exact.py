@@ -24,15 +24,6 @@ def random_prompts(n: int, seed: int) -> list[tuple[str, str]]:
     return pairs
 
 
-@pytest.fixture(scope="module")
-def engines(tok, target, draft):
-    cfg = RapidConfig(eta=0.0, max_new_tokens=24, ignore_eos=True)
-    return {
-        "self": RapidEngine(target, tokenizer=tok, config=cfg),
-        "separate": RapidEngine(target, draft, tokenizer=tok, config=cfg),
-    }
-
-
 @pytest.mark.parametrize("gamma", range(1, 13))
 @pytest.mark.parametrize("kind", ["self", "separate"])
 def test_eta0_greedy_equals_target_greedy(engines, target, tok, gamma, kind):
@@ -145,7 +136,7 @@ def test_float32_model_matches_too():
         assert out.token_ids == reference_greedy(t, tok.encode(prompt), 16, len(tok))
 
 
-@pytest.mark.parametrize("precision", ["int8", "bfloat16"])
+@pytest.mark.parametrize("precision", ["int8", "int8-weight", "bfloat16"])
 def test_lower_precision_self_draft_keeps_the_identity(tok, precision):
     """A cheaper copy of the target drafts; only the target's verdict decides the output."""
     t = tiny_llama(len(tok), seed=21, dtype=torch.float32, scale=0.5)

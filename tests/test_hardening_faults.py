@@ -27,7 +27,7 @@ from rapid_integrations import (
 )
 from rapid_integrations.cli import EXIT_ERROR, main
 from tests.hardening import fail_past, patched_forward, poison_logits, track_caches
-from tests.test_cli import tiny_args, tiny_model_dir  # noqa: F401 (a fixture)
+from tests.test_cli import tiny_args
 from tests.tiny import reference_greedy, tiny_llama
 
 PROMPT, DRAFT_PROMPT = "hello kab def", "kab def"
@@ -88,7 +88,7 @@ def test_non_finite_logits_raise_before_anything_is_sampled(
 def test_foreign_vocabulary_is_rejected_at_every_entry_point(
     tok: PreTrainedTokenizerBase,
     models: dict[str, PreTrainedModel],
-    tiny_model_dir: Path,  # noqa: F811 (the fixture imported above)
+    tiny_model_dir: Path,
     tmp_path: Path,
 ) -> None:
     """The engine rejects it at construction (test_engine_api); the adapters, which load on

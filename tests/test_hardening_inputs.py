@@ -37,7 +37,7 @@ from rapid_integrations import (
 )
 from rapid_integrations.cli import EXIT_USAGE, main
 from tests.retrieval_fixtures import HashingEmbedder
-from tests.test_cli import tiny_args, tiny_model_dir  # noqa: F401 (a fixture)
+from tests.test_cli import tiny_args
 from tests.tiny import reference_greedy, tiny_llama
 
 Result = tuple[str, dict[str, Any]]  # the text, and the RapidStats as the framework reports them
@@ -404,7 +404,7 @@ def test_cli_wrong_types_are_usage_errors(document: Path) -> None:
 
 def test_cli_reads_cjk_emoji_and_control_characters_and_stops_across_tokens(
     document: Path,
-    tiny_model_dir: Path,  # noqa: F811 (the fixture imported above)
+    tiny_model_dir: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     argv = ["ask", str(document), "-q", "what deal? 你好 🎉", *tiny_args(tiny_model_dir, "--json")]

@@ -36,10 +36,8 @@ def expected():
 
 def greedy(engine: RapidEngine, mode: str = "rapid", **overrides) -> list[int]:
     ids = engine.tokenizer(PROMPT)["input_ids"]
-    out = engine.generate(
-        ids, ids[-6:], mode=mode, max_new_tokens=12, ignore_eos=True, eta=0.0, **overrides
-    )
-    return out.token_ids
+    config = {"max_new_tokens": 12, "ignore_eos": True, "eta": 0.0, **overrides}
+    return engine.generate(ids, ids[-6:], mode=mode, **config).token_ids
 
 
 # ---- model_kwargs reach from_pretrained ------------------------------------------------------

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rapid_integrations import RapidConfig, RapidEngine
-from rapid_integrations.prefix_cache import PrefixCache
-from tests.tiny import reference_greedy
+from rapid_integrations.prefix_cache import PrefixCache, weights_version
+from tests.tiny import reference_greedy, tiny_llama
 
 DOC = "abc def ghi jkl. " * 12
 QUESTIONS = ["what is a.", "and b.", "what is c d.", "ok."]
@@ -67,7 +67,7 @@ def test_entries_covered_by_a_longer_prompt_are_dropped(target):
     assert len(store) == 1
     n, kv = store.lookup(target, [1, 2, 3, 9])
     assert n == 3 and kv[0][0].shape[-2] == 3
-    assert store.lookup(object(), [1, 2]) == (0, [])  # other models never share KV
+    assert store.lookup(torch.nn.Linear(1, 1), [1, 2]) == (0, [])  # other models never share KV
 
 
 def test_concurrent_calls_match_sequential_ones(engine):
@@ -77,3 +77,50 @@ def test_concurrent_calls_match_sequential_ones(engine):
     with ThreadPoolExecutor(max_workers=4) as pool:
         parallel = list(pool.map(lambda pd: engine.generate(*pd).token_ids, prompts))
     assert parallel == sequential
+
+
+def test_weights_changed_in_place_or_converted_never_serve_stale_kv(tok):
+    """The store keys on the weights (docs/algorithm.md section 2.8 needs exact KV): after an
+    in-place change, a `load_state_dict` or a `.to(dtype)`, the next call prefills afresh and
+    equals a run without any prefix cache."""
+    model = tiny_llama(len(tok), seed=1)  # its own copy: the session fixtures stay untouched
+    engine = RapidEngine(
+        model, tokenizer=tok, config=RapidConfig(eta=0.0, max_new_tokens=16, ignore_eos=True)
+    )
+    prompt = DOC + "what is a."
+
+    def call_after(change) -> None:
+        engine.generate(prompt, mode="lc")  # stores the prompt's KV with the current weights
+        with torch.no_grad():
+            change()
+        out = engine.generate(prompt, mode="lc")
+        fresh = engine.generate(prompt, mode="lc", prefix_cache_bytes=0)
+        assert (
+            out.token_ids
+            == fresh.token_ids
+            == reference_greedy(model, tok.encode(prompt), 16, len(tok))
+        )
+        assert out.stats.cached_prefix_tokens == 0
+        assert engine.generate(prompt, mode="lc").stats.cached_prefix_tokens > 0  # reuse is back
+
+    before = reference_greedy(model, tok.encode(prompt), 16, len(tok))
+    call_after(lambda: model.model.layers[0].self_attn.k_proj.weight.mul_(-1.5))
+    assert reference_greedy(model, tok.encode(prompt), 16, len(tok)) != before  # KV did change
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["model.layers.0.self_attn.v_proj.weight"].mul_(2.0)
+    call_after(lambda: model.load_state_dict(state))
+    call_after(lambda: model.to(torch.float32))
+
+
+def test_weights_version_tracks_every_kind_of_change(tok):
+    model = tiny_llama(len(tok), seed=3)
+    v0 = weights_version(model)
+    assert weights_version(model) == v0  # reading the weights changes nothing
+    with torch.inference_mode():
+        model.lm_head.weight.add_(0.0)  # even a write of the same values, even in inference mode
+    v1 = weights_version(model)
+    assert v1 != v0
+    model.to(torch.float64)  # already float64: the same tensors
+    assert weights_version(model) == v1
+    model.to(torch.float32)
+    assert weights_version(model) != v1

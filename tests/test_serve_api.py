@@ -310,3 +310,19 @@ def test_sdk_raises_its_own_errors_with_the_message(client: openai.OpenAI) -> No
             model=MODEL, messages=[{"role": "user", "content": "a " * 600}]
         )
     assert info.value.status_code == 413
+
+
+def test_completion_with_a_collection(
+    server: LiveServer, client: openai.OpenAI, reference: RapidEngine
+) -> None:
+    out = client.completions.create(
+        model=MODEL, prompt="where is the lake?", max_tokens=6, extra_body={"collection": "lake"}
+    )
+    collection = server.app.state.server.collections["lake"]
+    prompt = collection.prompt("where is the lake?")
+    assert prompt.startswith("Document (lake):\n" + DOCUMENT)
+    expected = reference.generate(prompt, max_new_tokens=6, retriever=collection.retriever)
+    assert out.choices[0].text == expected.text
+    assert out.usage.model_extra["rapid"]["retrieved_tokens"] > 0
+    r = post(server, "/v1/completions", {"model": MODEL, "prompt": [3, 4], "collection": "lake"})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "prompt")

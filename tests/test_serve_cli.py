@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rapid_integrations.cli import build_parser
+from rapid_integrations.cli import EXIT_USAGE, build_parser, main
 from rapid_integrations.serve.server import DEFAULT_HOST, DEFAULT_PORT, settings_from
 from tests.serve_fixtures import DTYPE
 
@@ -36,6 +36,15 @@ def test_defaults_and_options(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings_from(parse("--api-key", "given")).api_key == "given"
     with pytest.raises(SystemExit, match="NAME=PATH"):
         settings_from(parse("--collection", "nameless"))
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--max-running", "0"), ("--max-waiting", "-1"), ("--request-timeout", "0")],
+)
+def test_bad_server_options_exit_2_naming_the_field(option: str, value: str, capsys) -> None:
+    assert main(["serve", option, value]) == EXIT_USAGE
+    assert option.lstrip("-").replace("-", "_") in capsys.readouterr().err
 
 
 def test_the_command_serves_and_exits_cleanly_on_sigterm(

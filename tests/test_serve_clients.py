@@ -123,6 +123,7 @@ def test_llamaindex_openai_like_in_a_query_engine(
         max_tokens=12,
         temperature=0.0,
         max_retries=0,
+        additional_kwargs={"extra_body": {"gamma": 3, "eta": 2.0}},  # RAPID options
     )
     documents = [Document(text="the jade cab faded by the lake."), Document(text="a bead cafe.")]
     index = VectorStoreIndex.from_documents(documents, embed_model=MockEmbedding(embed_dim=8))
@@ -131,7 +132,8 @@ def test_llamaindex_openai_like_in_a_query_engine(
     assert len(calls) == 1
     sent = calls[0]["prompt"]
     assert "the jade cab faded by the lake." in sent[-1]["content"]  # retrieved context reached it
-    expected = reference.generate(sent, max_new_tokens=12, temperature=0.0)
+    assert (calls[0]["gamma"], calls[0]["eta"]) == (3, 2.0)
+    expected = reference.generate(sent, max_new_tokens=12, temperature=0.0, gamma=3, eta=2.0)
     assert str(answer) == expected.text.strip() or str(answer) == expected.text
     streaming = index.as_query_engine(llm=llm, similarity_top_k=2, streaming=True)
     streamed = streaming.query("where did the cab fade?")

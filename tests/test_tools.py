@@ -119,6 +119,16 @@ def test_tools_need_chat_messages_and_no_second_grammar(engine):
         engine.generate(MESSAGES, tools=TOOLS, grammar=Grammar.json_object())
 
 
+def test_a_tokenizer_that_cannot_write_the_markup_gets_a_grammar_error(engine):
+    """Without a newline token the call markup cannot be written: a clear GrammarError, not
+    an all-zero p sampled into a token the matcher refuses; the engine serves on."""
+    tok = char_tokenizer(JSON_ALPHABET)
+    weak = RapidEngine(tiny_llama(len(tok), seed=5, window=2048), tokenizer=tok)
+    with pytest.raises(GrammarError, match="cannot write"):
+        weak.generate(MESSAGES, tools=TOOLS, tool_choice="required", max_new_tokens=40)
+    assert weak.generate(MESSAGES, max_new_tokens=4).finish_reason == "length"
+
+
 # ---- the call grammars -----------------------------------------------------------------------
 
 
@@ -142,7 +152,7 @@ def test_required_gives_valid_calls_and_no_text(engine, mode, temperature):
         finished += 1
         assert out.finish_reason == "tool_calls"
         assert_valid_calls(out.tool_calls)
-    assert finished >= 2
+    assert finished >= (1 if temperature else 3)  # sampled, a random model may chain calls
 
 
 @pytest.mark.parametrize(
@@ -289,7 +299,11 @@ def test_smol_required_tool_call_parses(smol_engine):
         tool_choice="required",
         max_new_tokens=60,
     )
-    assert out.finish_reason == "tool_calls", out
-    assert [c.name for c in out.tool_calls] == ["get_weather"]
-    jsonschema.validate(out.tool_calls[0].arguments, tools[0]["function"]["parameters"])
+    # "required" allows parallel calls; the 135M model may chain more than fit, and a call cut
+    # off by the limit is not parsed: every listed call is complete and valid.
+    assert out.finish_reason in ("tool_calls", "length"), out
+    assert out.tool_calls and {c.name for c in out.tool_calls} == {"get_weather"}
+    for call in out.tool_calls:
+        jsonschema.validate(call.arguments, tools[0]["function"]["parameters"])
+    assert out.text == ""
     assert out.stats.grammar_seconds > 0

@@ -29,9 +29,15 @@ class _Target:
 
 
 AT_8K = 8192
-SPEEDUP_TARGETS = {"qa": {AT_8K: _Target(1.5)}, "speed": {AT_8K: _Target(2.0), 32768: _Target(3.0)}}
+SPEEDUP_TARGETS = {
+    "qa": {AT_8K: _Target(1.5)},
+    "speed": {AT_8K: _Target(2.0), 32768: _Target(3.0)},
+    "long": {32768: _Target(3.0), 65536: _Target(4.0)},
+}
 """Decode speedup of rapid over lc: issue 6 on QA answers at 8K; issue 7 on fixed-length
-decoding at 8K and (RoPE-scaled) 32K."""
+decoding at 8K and (RoPE-scaled) 32K; issue 14 on the `long` suite at 32K and 64K."""
+CEILING_TARGET = _Target(0.85)
+"""Issue 14: achieved speedup over the ceiling of `bench/ceiling.py`, from 8K up."""
 
 
 def speed_figures(
@@ -46,13 +52,49 @@ def speed_figures(
     decode time outside forward passes, and peak memory against weights + 2 KV + 1 GiB.
     """
     eta = meta.get("default_eta", RapidConfig().eta)
-    rows = [r for r in summary if r["turn"] == 1 and r["suite"] in ("qa", "speed")]
+    rows = [r for r in summary if r["turn"] == 1 and r["suite"] in SPEEDUP_TARGETS]
     figures = _accuracy_figures([r for r in rows if r["suite"] == "qa"], eta)
     figures += _followup_figures(records)
     for row in rows:
-        if row["method"] == "rapid" and row["eta"] == eta and row["task"] == TASK_ALL:
+        if row["label"] == f"rapid eta={eta:g}" and row["task"] == TASK_ALL:
             same = [r for r in rows if lc_key(r) == lc_key(row)]
             figures += _rapid_figures(row, same, meta)
+            if row["suite"] != "qa":
+                figures += _drafting_figures(row, same)
+    return figures
+
+
+def _drafting_figures(row: Record, same: list[Record]) -> list[Record]:
+    """Issue 14 at one length of a speed suite: rapid against its ceiling; the adaptive
+    variant against the best fixed gamma and against lc; the lookup variant against rapid."""
+    length = row["context_label"]
+    rapid = [r for r in same if r["method"] == "rapid" and r["eta"] == row["eta"]]
+    fixed = [r for r in rapid if "adaptive" not in r["label"] and "lookup" not in r["label"]]
+    by_label = {r["label"].removeprefix(row["label"]).strip(): r for r in rapid}
+    best_fixed = max((r["decode_tokens_per_second"] or 0 for r in fixed), default=0)
+    adaptive, lookup = by_label.get("adaptive"), by_label.get("lookup")
+    figures = [
+        _figure(
+            f"rapid speedup / ceiling ({row['suite']})",
+            length,
+            row["ceiling_ratio"],
+            CEILING_TARGET if length >= AT_8K else None,
+        )
+    ]
+    if adaptive:
+        rate = adaptive["decode_tokens_per_second"]
+        figures += [
+            _figure(
+                "adaptive drafting / best fixed gamma",
+                length,
+                _ratio(rate, best_fixed),
+                _Target(1.0),
+            ),
+            _figure("adaptive drafting / lc", length, adaptive["speedup_vs_lc"], _Target(0.95)),
+        ]
+    if lookup:
+        ratio = _ratio(lookup["decode_tokens_per_second"], row["decode_tokens_per_second"])
+        figures.append(_figure("rapid with lookup proposer / rapid", length, ratio, _Target(1.0)))
     return figures
 
 

@@ -42,14 +42,18 @@ PROMPT_LOOKUP_TOKENS = 10
 
 @dataclass(frozen=True)
 class Method:
-    """One contender: a name from `METHODS`, and eta for `rapid`."""
+    """One contender: a name from `METHODS`, eta for `rapid`, and optionally a named variant
+    with its `RapidConfig` overrides (e.g. "gamma=4" with (("gamma", 4),))."""
 
     name: str
     eta: float | None = None
+    variant: str | None = None
+    options: tuple[tuple[str, Any], ...] = ()
 
     @property
     def label(self) -> str:
-        return f"rapid eta={self.eta:g}" if self.name == "rapid" else self.name
+        base = f"rapid eta={self.eta:g}" if self.name == "rapid" else self.name
+        return f"{base} {self.variant}" if self.variant else base
 
     @property
     def retrieves(self) -> bool:
@@ -107,6 +111,7 @@ def measure_engine(
     """
     if method.eta is not None:
         overrides["eta"] = method.eta
+    overrides.update(method.options)
     if cold:
         engine.prefix_cache.clear()
     device = engine.target.device
@@ -115,7 +120,9 @@ def measure_engine(
     baseline = current_memory_bytes(device)
     start = time.perf_counter()
     out = engine.generate(prompt, draft_prompt, mode=method.name, **overrides)
-    timings = probe.decode_timings(start + out.stats.prefill_seconds)
+    timings = probe.decode_timings(
+        start + out.stats.prefill_seconds, main_passes=out.stats.target_forward_passes
+    )
     return Measurement(
         answer=out.text,
         finish_reason=out.finish_reason,

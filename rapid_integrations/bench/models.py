@@ -2,8 +2,8 @@
 
 * `tiny_pair`: two random Llamas of different depth on the embedded tokenizer's vocabulary,
   for speed-only runs of downward (small draft) and upward (large draft) speculation;
-* `load_rope_scaled`: a model (the embedded SmolLM2) with linear RoPE scaling past its window,
-  for speed-only runs at 16K and 32K tokens;
+* `load_rope_scaled`: a model (the embedded SmolLM2) with linear or YaRN RoPE scaling past
+  its window, for speed-only runs at 16K to 64K tokens;
 * `choose_dtype`: bfloat16 on CUDA; on CPU whichever of float32 and bfloat16 runs a prefill
   faster here (CPUs with AVX512-BF16 or AMX favour bfloat16, others float32).
 """
@@ -66,14 +66,23 @@ def tiny_pair(
 
 
 def load_rope_scaled(
-    folder: str | Path, window: int, device: torch.device, dtype: torch.dtype
+    folder: str | Path,
+    window: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    rope_type: str = "linear",
 ) -> tuple[PreTrainedModel, int]:
-    """The model in `folder` with its window stretched to at least `window` tokens by linear
-    RoPE scaling (transformers 5 `rope_parameters`); returns it and the integer factor."""
+    """The model in `folder` with its window stretched to at least `window` tokens by RoPE
+    scaling (transformers 5 `rope_parameters`: "linear", or "yarn" with the original window as
+    `original_max_position_embeddings`); returns it and the integer factor."""
     config = AutoConfig.from_pretrained(folder)
-    factor = max(1, math.ceil(window / config.max_position_embeddings))
-    config.rope_parameters = {**config.rope_parameters, "rope_type": "linear", "factor": factor}
-    config.max_position_embeddings *= factor
+    original = config.max_position_embeddings
+    factor = max(1, math.ceil(window / original))
+    scaling: dict[str, object] = {"rope_type": rope_type, "factor": factor}
+    if rope_type == "yarn":
+        scaling["original_max_position_embeddings"] = original
+    config.rope_parameters = {**config.rope_parameters, **scaling}
+    config.max_position_embeddings = original * factor
     model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype)
     return model.to(device).eval(), factor
 

@@ -109,7 +109,7 @@ def _plot_accuracy(plt: Any, records: list[Record], summary: list[Record]) -> An
         ax.set_ylim(0, 1.2)  # headroom for the legend above the bars
         ax.set_title(f"{length_name(length)} tokens")
         ax.set_ylabel("accuracy (exact match)")
-    axes[0][0].legend(fontsize=7, ncol=len(kinds), loc="upper left")
+    axes[0][0].legend(fontsize=7, ncol=max(1, len(kinds)), loc="upper left")
     return fig
 
 

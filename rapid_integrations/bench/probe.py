@@ -95,16 +95,32 @@ class ForwardProbe:
         role, tokens, start = self._open.pop(id(module))
         self.calls.append(ForwardCall(role, tokens, start, time.perf_counter() - start))
 
-    def decode_timings(self, decode_start: float) -> DecodeTimings:
-        """Summarize the passes that started at or after `decode_start` (a perf_counter time)."""
+    def decode_timings(self, decode_start: float, main_passes: int | None = None) -> DecodeTimings:
+        """Summarize the passes that started at or after `decode_start` (a perf_counter time).
+
+        `main_passes`: how many passes the decoding model made, when known: it tells that
+        model's cache apart when its prompt KV was reused and the draft's prefill came first.
+        """
         decode = [c for c in self.calls if c.start >= decode_start]
-        main = [c for c in decode if c.role == 0]
+        main_role = _main_role(decode, main_passes)
+        main = [c for c in decode if c.role == main_role]
         return DecodeTimings(
             forward_seconds=sum(c.seconds for c in decode),
             main_step_seconds=_mean(c.seconds for c in main if c.tokens == 1),
             verify_step_seconds=_mean(c.seconds for c in main if c.tokens > 1),
-            draft_step_seconds=_mean(c.seconds for c in decode if c.role > 0),
+            draft_step_seconds=_mean(c.seconds for c in decode if c.role != main_role),
         )
+
+
+def _main_role(decode: list[ForwardCall], main_passes: int | None) -> int:
+    """The role of the decoding model: the first seen, or the one that made `main_passes`
+    passes (ties: the one reading more tokens per pass, as a verify reads gamma + 1)."""
+    roles = sorted({c.role for c in decode})
+    if main_passes is None or len(roles) < 2:
+        return roles[0] if roles else 0
+    passes = {r: [c.tokens for c in decode if c.role == r] for r in roles}
+    matching = [r for r in roles if len(passes[r]) == main_passes] or roles
+    return max(matching, key=lambda r: (fmean(passes[r]), -r))
 
 
 def _mean(values: Iterable[float]) -> float | None:

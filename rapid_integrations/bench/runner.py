@@ -33,6 +33,7 @@ from ..errors import RapidConfigError
 from ..models import LoadOptions, ensure_default_model, load_model, resolve_dtype
 from ..prompts import prepare_draft_prompt
 from ..tokens import encode_prompt
+from .ceiling import VERIFY_TOKENS, StepCosts, ceiling, pass_seconds
 from .dataset import CONTEXT_LENGTHS, TASK_KINDS, Task, build_tasks
 from .methods import (
     ENGINE_METHODS,
@@ -45,6 +46,7 @@ from .methods import (
     warm_up,
 )
 from .models import choose_dtype, load_rope_scaled, tiny_pair
+from .prefill import chunk_sizes_to_try, matmul_flops_per_second, prefill_rows
 from .probe import ForwardProbe
 from .report import write_report
 from .scoring import exact_match, token_f1
@@ -65,6 +67,9 @@ class BenchSettings:
     the speed suite within the model's window, rope_lengths: beyond it (RoPE-scaled); either
     may be empty; tiny_speed: run the upward/downward suites (at `lengths`); tiny_models: run
     the QA and speed suites on the tiny random pair instead of real models (smoke tests).
+    Presets that replace the suites: long (the `long` suite at `lengths`, with rapid also at
+    each of `gammas`), eta_sweep (QA only, prompt KV shared by the methods of a task), prefill
+    (prefill time at `lengths` by `chunk_sizes`, against transformers and the compute bound).
     """
 
     out: Path = Path("bench-out")
@@ -86,6 +91,11 @@ class BenchSettings:
     seed: int = 0
     progress: bool = True
     quick: bool = False
+    long: bool = False
+    gammas: tuple[int, ...] = ()
+    eta_sweep: bool = False
+    prefill: bool = False
+    chunk_sizes: tuple[int, ...] = (256, 512, 1024, 2048)
 
     def __post_init__(self) -> None:
         _require(
@@ -100,12 +110,18 @@ class BenchSettings:
         _require("etas", self.etas and all(e >= 0 for e in self.etas), "values >= 0")
         for name in ("per_cell", "max_new_tokens", "speed_tokens"):
             _require(name, getattr(self, name) >= 1, "an integer >= 1")
+        _require("gammas", all(1 <= g <= 64 for g in self.gammas), "integers in [1, 64]")
+        _require("chunk_sizes", self.chunk_sizes and min(self.chunk_sizes) >= 1, "sizes >= 1")
+        presets = [n for n in ("quick", "long", "eta_sweep", "prefill") if getattr(self, n)]
+        _require("preset", len(presets) <= 1, f"one preset at most, got {presets}")
 
     @classmethod
-    def preset(cls, quick: bool, **overrides: Any) -> BenchSettings:
-        """The full run, or the `--quick` one (about 12 minutes on 2 CPU cores), with overrides
+    def preset(cls, name: str | bool = "full", **overrides: Any) -> BenchSettings:
+        """A preset of `PRESETS` ("full"; True means "quick", False "full") with overrides
         (None values are ignored)."""
-        base = cls(**QUICK) if quick else cls()
+        name = {True: "quick", False: "full"}.get(name, name) if isinstance(name, bool) else name
+        _require("preset", name in PRESETS, f"one of {sorted(PRESETS)}")
+        base = cls(**PRESETS[name])
         return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
     def method_list(self) -> list[Method]:
@@ -135,6 +151,50 @@ QUICK: dict[str, Any] = {
 }
 """The `--quick` preset: one task per (kind, length), three eta values, the speed suite at 8K
 only. A 16K RoPE-scaled run adds about 3 minutes on 2 cores (`--rope-lengths 16384`)."""
+LONG: dict[str, Any] = {"long": True, "lengths": (16384, 32768), "gammas": (4, 16)}
+"""The `--long` preset: the `long` suite at 16K and 32K (YaRN-scaled past the window); 64K is
+opt-in (`--lengths 16384,32768,65536`)."""
+ETA_SWEEP: dict[str, Any] = {
+    "eta_sweep": True,
+    "methods": ("lc", "rag", "rapid"),
+    "etas": (0.0, 1.0, 2.0, 5.0, 10.0, 20.0),
+    "speed_lengths": (),
+    "rope_lengths": (),
+    "tiny_speed": False,
+}
+"""The `--eta-sweep` preset: QA accuracy of lc, rag and rapid over eta at 2K, 4K and 8K, five
+tasks per cell; the methods of a task share its prompt KV (only answers are compared)."""
+PRESETS: dict[str, dict[str, Any]] = {
+    "full": {},
+    "quick": QUICK,
+    "long": LONG,
+    "eta-sweep": ETA_SWEEP,
+    "prefill": {"prefill": True, "lengths": (8192, 32768)},
+}
+LONG_CACHE_BYTES = 1 << 33
+"""Prefix cache bound of the long suite: a 64K prompt's KV must stay stored for the methods
+after `lc` (SmolLM2 bf16: 1.5 GB)."""
+ADAPTIVE = (("adaptive_gamma", True), ("draft_confidence_threshold", 0.4))
+"""The adaptive variant: gamma moves with acceptance, drafting stops below q(x) = 0.4 (the
+default of transformers' assistant_confidence_threshold)."""
+LOOKUP = (("lookup_ngram", 3),)
+
+
+def long_methods(settings: BenchSettings) -> list[Method]:
+    """lc, sd, rapid (fixed gamma; at each of `gammas`; adaptive; with the lookup proposer;
+    both) and transformers prompt lookup. lc comes first: it prefills, the others reuse it."""
+    eta = DEFAULT_ETA
+    fixed = [Method("rapid", eta, f"gamma={g}", (("gamma", g),)) for g in settings.gammas]
+    return [
+        Method("lc"),
+        Method("sd"),
+        Method("rapid", eta),
+        *fixed,
+        Method("rapid", eta, "adaptive", ADAPTIVE),
+        Method("rapid", eta, "lookup", LOOKUP),
+        Method("rapid", eta, "adaptive+lookup", ADAPTIVE + LOOKUP),
+        Method("hf-pld"),
+    ]
 
 
 @dataclass(frozen=True)
@@ -146,6 +206,7 @@ class _Suite:
     engine: RapidEngine
     probe: ForwardProbe
     overrides: dict[str, Any]
+    share_prefill: bool = False  # methods after a task's first reuse its prompt KV
 
 
 @dataclass(frozen=True)
@@ -158,6 +219,7 @@ class _Call:
     task: Task
     retrieved: _Retrieved
     turn: int = 1
+    cold: bool = True  # start from an empty prefix cache
 
 
 @dataclass
@@ -213,13 +275,22 @@ def run_bench(settings: BenchSettings) -> Path:
     tiny = build_tasks(tok, ("single",), settings.lengths, 1, seed) if settings.tiny_speed else []
     runs = len(tasks) * len(settings.method_list()) + sum(map(bool, _followups(settings, tasks)))
     runs += (len(speed) + len(rope)) * len(SPEED_METHODS) + 2 * len(tiny) * len(TINY_METHODS)
+    if settings.long or settings.prefill:
+        long_tasks = build_tasks(tok, ("single",), settings.lengths, 1, seed)
+        runs = len(long_tasks) * (len(long_methods(settings)) if settings.long else 1)
     with tqdm(total=runs, unit="run", disable=not settings.progress) as session.bar:
-        _qa_suite(session, engine, tasks)
-        _speed_suite(session, "speed", engine, speed, SPEED_METHODS)
-        if rope:
-            _speed_suite(session, "speed", _rope_engine(session, engine, rope), rope, SPEED_METHODS)
-        if tiny:
-            _tiny_suites(session, tok, tiny)
+        if settings.long:
+            _long_suite(session, engine, long_tasks)
+        elif settings.prefill:
+            _prefill_suite(session, engine, long_tasks)
+        else:
+            _qa_suite(session, engine, tasks)
+            _speed_suite(session, "speed", engine, speed, SPEED_METHODS)
+            if rope:
+                rope_engine = _rope_engine(session, engine, rope)
+                _speed_suite(session, "speed", rope_engine, rope, SPEED_METHODS)
+            if tiny:
+                _tiny_suites(session, tok, tiny)
     meta["wall_seconds"] = time.perf_counter() - start
     meta["machine"]["load_average_end"] = _load_average()
     session.save(plots=True)
@@ -253,13 +324,25 @@ def _qa_engine(
     return RapidEngine(target, draft, tokenizer), dtype, probe_seconds
 
 
-def _rope_engine(session: _Session, engine: RapidEngine, tasks: list[Task]) -> RapidEngine:
-    """A copy of the QA target stretched by linear RoPE scaling to the longest task."""
+def _rope_engine(
+    session: _Session, engine: RapidEngine, tasks: list[Task], rope_type: str = "linear"
+) -> RapidEngine:
+    """A copy of the QA target stretched by RoPE scaling to the longest task."""
     folder = session.settings.model or ensure_default_model()
     window = max(t.context_label for t in tasks)
-    model, factor = load_rope_scaled(folder, window, session.device, session.dtype)
-    session.meta["rope_scaling_factor"] = factor
+    model, factor = load_rope_scaled(folder, window, session.device, session.dtype, rope_type)
+    session.meta.setdefault("rope_scaling", {})[str(window)] = {
+        "rope_type": rope_type,
+        "factor": factor,
+    }
     return RapidEngine(model, tokenizer=engine.tokenizer)
+
+
+def _engine_for(session: _Session, engine: RapidEngine, task: Task) -> RapidEngine:
+    """`engine` when `task` fits its target's window, else a YaRN-scaled copy that fits it."""
+    if task.context_label <= engine.context_window or session.settings.tiny_models:
+        return engine
+    return _rope_engine(session, engine, [task], "yarn")
 
 
 def memory_model(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, int]:
@@ -288,12 +371,13 @@ def _qa_suite(session: _Session, engine: RapidEngine, tasks: list[Task]) -> None
         "seed": settings.seed,
     }
     with ForwardProbe([engine.target, engine.draft]) as probe:
-        suite = _Suite("qa", engine, probe, overrides)
+        suite = _Suite("qa", engine, probe, overrides, share_prefill=settings.eta_sweep)
         warm_up(engine, methods, probe)
         for task, followup in zip(tasks, _followups(settings, tasks), strict=True):
             retrieved = _Retrieved.build(engine, task, any(m.retrieves for m in methods))
-            for method in methods:
-                session.run(_Call(suite, method, task, retrieved))
+            for i, method in enumerate(methods):
+                cold = i == 0 or not suite.share_prefill
+                session.run(_Call(suite, method, task, retrieved, cold=cold))
             if followup:
                 # The engine still holds this document's KV from the methods above.
                 retrieved = _Retrieved.build(engine, followup, True)
@@ -304,7 +388,7 @@ def _qa_suite(session: _Session, engine: RapidEngine, tasks: list[Task]) -> None
 
 def _followups(settings: BenchSettings, tasks: list[Task]) -> list[Task | None]:
     """For each task, its second question when one is asked: at the longest length only."""
-    wanted = "rapid" in settings.methods
+    wanted = "rapid" in settings.methods and not settings.eta_sweep
     longest = max(settings.lengths)
     return [t.followup if wanted and t.context_label == longest else None for t in tasks]
 
@@ -317,14 +401,42 @@ def _tiny_suites(session: _Session, tokenizer: Any, tasks: list[Task]) -> None:
         _speed_suite(session, suite, RapidEngine(target, draft, tokenizer), tasks, TINY_METHODS)
 
 
+def _long_suite(session: _Session, engine: RapidEngine, tasks: list[Task]) -> None:
+    """`long_methods` at each length, YaRN-scaled past the window; after `lc` the methods
+    reuse the prompt's KV (speed only: prefill is measured once, by `lc` and transformers)."""
+    methods = long_methods(session.settings)
+    for task in tasks:
+        at = _engine_for(session, engine, task)
+        _speed_suite(session, "long", at, [task], methods, share_prefill=True)
+
+
+def _prefill_suite(session: _Session, engine: RapidEngine, tasks: list[Task]) -> None:
+    """Prefill time at each task's length by chunk size, against transformers' own prefill
+    and the compute bound (`bench/prefill.py`); rows go to results.json's `prefill`."""
+    rate = matmul_flops_per_second(session.dtype, session.device)
+    session.meta["matmul_flops_per_second"] = rate
+    rows: list[dict[str, Any]] = session.meta.setdefault("prefill", [])
+    for task in tasks:
+        at = _engine_for(session, engine, task)
+        ids = encode_prompt(task.messages, at.tokenizer, at.vocab_size)
+        chunks = chunk_sizes_to_try(
+            rows, session.settings.chunk_sizes, at.config.prefill_chunk_size
+        )
+        rows += prefill_rows(at, ids, task.context_label, chunks, rate)
+        session.bar.update()
+        session.save()
+
+
 def _speed_suite(
     session: _Session,
     suite: str,
     engine: RapidEngine,
     tasks: list[Task],
     methods: Sequence[Method],
+    share_prefill: bool = False,
 ) -> None:
-    """`methods` on `tasks`, each decoding exactly `speed_tokens` tokens."""
+    """`methods` on `tasks`, each decoding exactly `speed_tokens` tokens; then the step costs
+    at each task's length and each record's ceiling (`bench/ceiling.py`)."""
     if not tasks:
         return
     overrides = {
@@ -334,14 +446,58 @@ def _speed_suite(
         "temperature": 0.0,
         "seed": session.settings.seed,
     }
+    if share_prefill:
+        overrides["prefix_cache_bytes"] = LONG_CACHE_BYTES
     with ForwardProbe([engine.target, engine.draft]) as probe:
-        settings = _Suite(suite, engine, probe, overrides)
+        settings = _Suite(suite, engine, probe, overrides, share_prefill)
         warm_up(engine, list(methods), probe)
         for task in tasks:
             retrieved = _Retrieved.build(engine, task, True)
-            for method in methods:
-                session.run(_Call(settings, method, task, retrieved))
+            for i, method in enumerate(methods):
+                cold = i == 0 or not share_prefill
+                session.run(_Call(settings, method, task, retrieved, cold=cold))
+            attach_ceilings(session.records, settings, task, retrieved)
             session.save()
+
+
+def attach_ceilings(
+    records: list[dict[str, Any]], suite: _Suite, task: Task, retrieved: _Retrieved
+) -> None:
+    """Time target, verify and draft passes at `task`'s length (reusing the prompt KV the runs
+    left in the prefix cache) and give each of the task's records of `suite` its
+    `step_costs`, `achieved_speedup` (decode rate x target step) and, where it drafted,
+    `ceiling_speedup` and `ceiling_gamma` at its measured acceptance."""
+    engine = suite.engine
+    ids = encode_prompt(task.messages, engine.tokenizer, engine.vocab_size)
+    stored = suite.overrides.get("prefix_cache_bytes", engine.config.prefix_cache_bytes)
+    cache = {"prefixes": engine.prefix_cache, "max_prefix_bytes": stored}
+    chunk = engine.config.prefill_chunk_size
+    target = pass_seconds(
+        engine.target, ids, engine.vocab_size, (1, *VERIFY_TOKENS), chunk=chunk, **cache
+    )
+    drafts: dict[str, float] = {}
+    for record in records:
+        if record["suite"] != suite.name or record["task_id"] != task.task_id:
+            continue
+        rate = record["decode_tokens_per_second"]
+        record["achieved_speedup"] = rate * target[1] if rate else None
+        record["ceiling_speedup"] = record["ceiling_gamma"] = None
+        reads = record["method"] in ("sd", "rapid") and record["acceptance_rate"] is not None
+        if not reads:
+            record["step_costs"] = None
+            continue
+        which = "full" if record["method"] == "sd" else "retrieved"
+        if which not in drafts:
+            draft_ids = ids
+            if which == "retrieved" and retrieved.prompt is not None:
+                draft_ids = encode_prompt(retrieved.prompt, engine.tokenizer, engine.vocab_size)
+            drafts[which] = pass_seconds(
+                engine.draft, draft_ids, engine.vocab_size, (1,), chunk=chunk, **cache
+            )[1]
+        costs = StepCosts(target[1], drafts[which], tuple((k, target[k]) for k in VERIFY_TOKENS))
+        record["step_costs"] = dataclasses.asdict(costs)
+        best, gamma = ceiling(costs, record["acceptance_rate"], max(VERIFY_TOKENS) - 1)
+        record["ceiling_speedup"], record["ceiling_gamma"] = best, gamma
 
 
 # ---- one measurement ------------------------------------------------------------------------
@@ -384,7 +540,7 @@ def _measure(call: _Call) -> Measurement:
             task.messages,
             draft_prompt,
             call.suite.probe,
-            cold=call.turn == 1,
+            cold=call.cold and call.turn == 1,
             **overrides,
         )
     ids = encode_prompt(task.messages, engine.tokenizer, engine.vocab_size)

@@ -5,8 +5,9 @@ Rows are keyed by (suite, method, eta, context length, turn, task kind), plus ta
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
-from statistics import fmean
+from statistics import fmean, stdev
 from typing import Any
 
 GROUP_KEYS = ("suite", "method", "label", "eta", "context_label", "turn")
@@ -20,6 +21,8 @@ def summarize(records: list[Record]) -> list[Record]:
 
     Rates are pooled (total tokens / total seconds), acceptance is accepted / drafted over the
     group, and speedup_vs_lc divides by the `lc` row of the same suite, length, task and turn 1.
+    accuracy_stderr is the standard error of the mean accuracy over the group's tasks;
+    ceiling_ratio is speedup_vs_lc over the mean `ceiling_speedup` of the group's records.
     """
     groups: dict[tuple, list[Record]] = {}
     for r in records:
@@ -33,6 +36,10 @@ def summarize(records: list[Record]) -> list[Record]:
         base = lc.get(lc_key(row))
         rate, base_rate = row["decode_tokens_per_second"], base and base["decode_tokens_per_second"]
         row["speedup_vs_lc"] = rate / base_rate if rate and base_rate else None
+        best = row["ceiling_speedup"]
+        row["ceiling_ratio"] = (
+            row["speedup_vs_lc"] / best if row["speedup_vs_lc"] and best else None
+        )
     return rows
 
 
@@ -52,6 +59,7 @@ def _aggregate(key: Record, rs: list[Record]) -> Record:
         "context_tokens": field_mean("context_tokens"),
         "draft_context_tokens": field_mean("draft_context_tokens"),
         "accuracy": field_mean("accuracy"),
+        "accuracy_stderr": _stderr([r["accuracy"] for r in rs if r["accuracy"] is not None]),
         "f1": field_mean("f1"),
         "needle_recall": field_mean("needle_recall"),
         "new_tokens": field_mean("new_tokens"),
@@ -64,6 +72,8 @@ def _aggregate(key: Record, rs: list[Record]) -> Record:
         "main_step_seconds": field_mean("main_step_seconds"),
         "verify_step_seconds": field_mean("verify_step_seconds"),
         "draft_step_seconds": field_mean("draft_step_seconds"),
+        "ceiling_speedup": mean(r.get("ceiling_speedup") for r in rs),
+        "achieved_speedup": mean(r.get("achieved_speedup") for r in rs),
         "peak_memory_bytes": max((r["peak_memory_bytes"] or 0 for r in rs), default=None),
         "memory_growth_bytes": max(
             (
@@ -79,6 +89,11 @@ def _aggregate(key: Record, rs: list[Record]) -> Record:
 def mean(values: Iterable[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return fmean(present) if present else None
+
+
+def _stderr(values: list[float]) -> float | None:
+    """Standard error of the mean (sample standard deviation / sqrt(n)); None below 2 values."""
+    return stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
 
 
 def _pooled_rate(rs: list[Record]) -> float | None:

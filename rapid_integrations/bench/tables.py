@@ -14,10 +14,13 @@ def markdown(
 ) -> str:
     """The report: machine, quality and speed table, speed-only table, speed figures, plots."""
     parts = ["# RAPID benchmark results", "", _machine_line(meta), ""]
-    parts += ["## Quality and speed, side by side (greedy)", "", _qa_table(summary), ""]
+    if any(r["suite"] == "qa" for r in summary):
+        parts += ["## Quality and speed, side by side (greedy)", "", _qa_table(summary), ""]
     speed = _speed_table(summary)
     if speed:
         parts += ["## Speed-only runs (end-of-sequence ignored)", "", speed, ""]
+    if meta.get("prefill"):
+        parts += ["## Prefill", "", _prefill_table(meta["prefill"]), ""]
     parts += ["## Speed figures and targets", "", _figures_table(figures), ""]
     parts += [f"![{p}]({p})" for p in plots] or ["(plots not written)"]
     return "\n".join(parts) + "\n"
@@ -32,9 +35,14 @@ def _machine_line(meta: dict[str, Any]) -> str:
         f"{gpu}, device {m.get('device')}, dtype {meta.get('dtype')}; torch {m.get('torch')}, "
         f"transformers {m.get('transformers')}, Python {m.get('python')}. "
         f"Load average at start {m.get('load_average_start')}, at end {m.get('load_average_end')}. "
-        f"Preset: {'quick' if s.get('quick') else 'full'}, {s.get('per_cell')} task(s) per kind "
+        f"Preset: {_preset_name(s)}, {s.get('per_cell')} task(s) per kind "
         f"and length, seed {s.get('seed')}" + (f"; wall time {wall / 60:.1f} min." if wall else ".")
     )
+
+
+def _preset_name(settings: dict[str, Any]) -> str:
+    names = ("quick", "long", "eta_sweep", "prefill")
+    return next((n.replace("_", "-") for n in names if settings.get(n)), "full")
 
 
 def length_name(tokens: int) -> str:
@@ -54,6 +62,14 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def _accuracy(row: Record | None) -> str:
+    """Mean accuracy, with its standard error over the tasks when there are several."""
+    if row is None:
+        return _fmt(None)
+    spread = row.get("accuracy_stderr")
+    return _fmt(row["accuracy"]) + (f" ± {spread:.2f}" if spread is not None else "")
+
+
 def _qa_table(summary: list[Record]) -> str:
     qa = [r for r in summary if r["suite"] == "qa" and r["turn"] == 1]
     kinds = sorted({r["task"] for r in qa} - {TASK_ALL}, key=TASK_KINDS.index)
@@ -64,8 +80,8 @@ def _qa_table(summary: list[Record]) -> str:
             [
                 length_name(row["context_label"]),
                 row["label"],
-                _fmt(row["accuracy"]),
-                *(_fmt(k and k["accuracy"]) for k in by_kind),
+                _accuracy(row),
+                *(_accuracy(k) for k in by_kind),
                 _fmt(row["f1"]),
                 _fmt(row["needle_recall"]),
                 _fmt(row["decode_tokens_per_second"], ".1f"),
@@ -102,6 +118,9 @@ def _speed_table(summary: list[Record]) -> str:
             _fmt(r["decode_tokens_per_second"], ".1f"),
             _fmt(r["speedup_vs_lc"]),
             _fmt(r["acceptance_rate"]),
+            _fmt(r.get("ceiling_speedup")),
+            _fmt(r.get("ceiling_ratio")),
+            _fmt(r["peak_memory_bytes"] and r["peak_memory_bytes"] / 2**30),
         ]
         for r in summary
         if r["suite"] != "qa" and r["task"] == TASK_ALL
@@ -115,8 +134,29 @@ def _speed_table(summary: list[Record]) -> str:
         "decode tok/s",
         "speedup vs lc",
         "acceptance",
+        "ceiling",
+        "speedup / ceiling",
+        "peak GiB",
     ]
     return _table(headers, rows) if rows else ""
+
+
+def _prefill_table(rows: list[Record]) -> str:
+    """results.json `prefill` rows (`rapid bench --prefill`)."""
+    body = [
+        [
+            length_name(r["context_label"]),
+            str(r["context_tokens"]),
+            r["method"] + (f" chunk {r['chunk']}" if r["chunk"] else ""),
+            _fmt(r["seconds"], ".1f"),
+            _fmt(r["tokens_per_second"], ".0f"),
+            _fmt(r["bound_seconds"], ".1f"),
+            _fmt(r["fraction_of_bound"]),
+        ]
+        for r in rows
+    ]
+    headers = ["context", "tokens", "prefill", "seconds", "tok/s", "bound s", "bound / measured"]
+    return _table(headers, body)
 
 
 def _figures_table(figures: list[Record]) -> str:

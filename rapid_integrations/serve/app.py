@@ -150,18 +150,18 @@ async def _answer(server: _Server, call: EngineCall, request: Request) -> Respon
         )
     run = _Run(server, call, time.perf_counter())
     lease = await server.queue.enter(run.seconds_left())
-    events = aiter_in_thread(lambda: _decode(server, call))
+    run.start(aiter_in_thread(lambda: _decode(server, call)), lease)
+    handed_over = False  # to the streamed response, which closes the run when it ends
     try:
-        await run.within_deadline(anext(events))  # the engine's plan: bad input raises here
-    except BaseException:
-        await events.aclose()
-        lease.release()
-        raise
-    run.start(events, lease)
-    if call.stream:
-        return EventSourceResponse(run.sse(), ping=SSE_PING_SECONDS)
-    body = await _unless_disconnected(request, run.whole())
-    return JSONResponse(body) if body is not None else Response(status_code=499)
+        await run.plan()  # bad input raises here, before any byte of the response
+        if call.stream:
+            handed_over = True
+            return _EventStream(run)
+        body = await _unless_disconnected(request, run.whole())
+        return JSONResponse(body) if body is not None else Response(status_code=499)
+    finally:
+        if not handed_over:
+            await run.close()
 
 
 def _decode(server: _Server, call: EngineCall) -> Iterator[str | RapidOutput | None]:
@@ -201,6 +201,11 @@ class _Run:
     def start(self, events: AsyncGenerator[Any, None], lease: Lease) -> None:
         self.events, self.lease = events, lease
 
+    async def plan(self) -> None:
+        """Wait for the engine to plan the call (its first event)."""
+        assert self.events is not None
+        await self.within_deadline(anext(self.events))
+
     async def deltas(self) -> AsyncIterator[str | RapidOutput]:
         """Text deltas, then the `RapidOutput`; the slot and the stream are released at the end
         however it ends (done, failed, timed out, cancelled by a disconnect)."""
@@ -218,7 +223,13 @@ class _Run:
                     metrics.finished(item, time.perf_counter() - self.arrived)
                     return
         finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Stop the engine stream and give back the slot (idempotent)."""
+        if self.events is not None:
             await self.events.aclose()
+        if self.lease is not None:
             self.lease.release()
 
     async def whole(self) -> dict[str, Any]:
@@ -245,6 +256,21 @@ class _Run:
             yield "[DONE]"
         except Exception as exc:
             yield _json(classify(exc).body())
+
+
+class _EventStream(EventSourceResponse):
+    """The SSE response of a run; closes the run however the response ends, even when the
+    client left before the first event (the events' own cleanup never ran then)."""
+
+    def __init__(self, run: _Run) -> None:
+        super().__init__(run.sse(), ping=SSE_PING_SECONDS)
+        self.run = run
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.run.close()
 
 
 def _finish_reason(output: RapidOutput) -> str:

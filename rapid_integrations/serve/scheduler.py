@@ -43,8 +43,6 @@ class SequenceQueue:
         max_waiting: int,
         on_change: Callable[[int, int], None] = lambda running, waiting: None,
     ) -> None:
-        if max_running < 1 or max_waiting < 0:
-            raise ValueError("max_running must be >= 1 and max_waiting >= 0")
         self.max_running = max_running
         self.max_waiting = max_waiting
         self.running = 0

@@ -7,6 +7,8 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..errors import RapidConfigError
+
 if TYPE_CHECKING:
     from ..engine import RapidEngine
     from .collection import Collection
@@ -35,6 +37,14 @@ class ServeSettings:
     request_timeout: float = 600.0
     api_key: str | None = None
     collections: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        for name, low in (("max_running", 1), ("max_waiting", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < low:
+                raise RapidConfigError(name, f"must be an integer >= {low}, got {value!r}")
+        if not self.request_timeout > 0:
+            raise RapidConfigError("request_timeout", f"must be > 0, got {self.request_timeout!r}")
 
     def with_env_api_key(self) -> ServeSettings:
         """These settings, with the API key from `RAPID_API_KEY` when none was given."""

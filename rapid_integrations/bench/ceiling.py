@@ -1,0 +1,124 @@
+"""The best decode speedup speculation can give at one context length, from measured step costs.
+
+Standard speculative decoding expectation (Leviathan et al. 2023): with a per-token acceptance
+rate a, a pass that drafts gamma tokens emits on average
+
+    E(gamma) = (1 - a^(gamma + 1)) / (1 - a)          (gamma + 1 when a = 1)
+
+tokens and costs gamma draft steps plus one verify pass of gamma + 1 tokens, against one
+target decode step per token without speculation:
+
+    speedup(gamma) = target_step * E(gamma) / (gamma * draft_step + verify(gamma + 1)).
+
+The ceiling is the best speedup over gamma in [0, max_gamma] (gamma = 0, the target alone, is
+1: the engine can always fall back to it). `measure_step_costs` times the passes with a few
+forward passes at the run's own context length.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from ..kv import KVState
+from ..prefix_cache import PrefixCache
+
+VERIFY_TOKENS = (2, 5, 9, 17, 33)
+"""Verify pass sizes timed (gamma + 1 for gamma 1, 4, 8, 16, 32)."""
+REPEATS = 3
+"""Passes timed per size; the median is kept (robust to a burst of load)."""
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Seconds of one forward pass at one context length.
+
+    target_step: the target reading 1 token; draft_step: the draft reading 1 token on its own
+    context; verify: (tokens, seconds) of target passes reading several tokens, by size.
+    """
+
+    target_step: float
+    draft_step: float
+    verify: tuple[tuple[int, float], ...]
+
+    def verify_seconds(self, tokens: int) -> float:
+        """A target pass reading `tokens` tokens: piecewise linear through (1, target_step)
+        and the measured sizes; past the largest, the last segment's slope (at least 0)."""
+        points = sorted({1: self.target_step, **dict(self.verify)}.items())
+        for (k0, s0), (k1, s1) in itertools.pairwise(points):
+            if tokens <= k1:
+                return s0 + (s1 - s0) * (tokens - k0) / (k1 - k0)
+        if len(points) == 1:
+            return self.target_step
+        (k0, s0), (k1, s1) = points[-2:]
+        return s1 + max(0.0, (s1 - s0) / (k1 - k0)) * (tokens - k1)
+
+
+def expected_tokens(acceptance: float, gamma: int) -> float:
+    """Mean tokens one pass emits: accepted drafts plus the token the target adds."""
+    if acceptance >= 1.0:
+        return gamma + 1.0
+    return (1.0 - acceptance ** (gamma + 1)) / (1.0 - acceptance)
+
+
+def speedup(costs: StepCosts, acceptance: float, gamma: int) -> float:
+    """Expected decode speedup over the target alone at this gamma (1 at gamma 0)."""
+    if gamma == 0:
+        return 1.0
+    seconds = gamma * costs.draft_step + costs.verify_seconds(gamma + 1)
+    return costs.target_step * expected_tokens(acceptance, gamma) / seconds
+
+
+def ceiling(costs: StepCosts, acceptance: float, max_gamma: int = 32) -> tuple[float, int]:
+    """(best speedup, the gamma that gives it) over gamma in [0, max_gamma]."""
+    best = max(range(max_gamma + 1), key=lambda g: (speedup(costs, acceptance, g), -g))
+    return speedup(costs, acceptance, best), best
+
+
+@torch.inference_mode()
+def pass_seconds(
+    model: PreTrainedModel,
+    ids: list[int],
+    vocab: int,
+    sizes: Sequence[int],
+    *,
+    chunk: int,
+    prefixes: PrefixCache | None = None,
+    max_prefix_bytes: int = 0,
+    repeats: int = REPEATS,
+) -> dict[int, float]:
+    """Median seconds of a forward pass reading k tokens after `ids`, for each k in `sizes`.
+
+    The prompt's KV comes from `prefixes` when a previous call stored it (the bench runs the
+    methods first), else it is prefilled here. Each pass is rolled back before the next.
+    """
+    state = KVState.start(
+        model,
+        ids,
+        vocab,
+        chunk,
+        capacity=len(ids) + max(sizes),
+        prefixes=prefixes,
+        max_prefix_bytes=max_prefix_bytes,
+    )
+    last = state.pending
+    filler = last.repeat(max(sizes))  # which tokens does not change a pass's cost
+    seconds: dict[int, float] = {}
+    for k in sizes:
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            state.feed(filler[: k - 1])
+            if last.device.type == "cuda":
+                torch.cuda.synchronize(last.device)
+            times.append(time.perf_counter() - start)
+            state.rollback(k)
+            state.pending = last
+        seconds[k] = statistics.median(times)
+    return seconds

@@ -1,0 +1,235 @@
+"""Mutation sweep: plant each known bug in a scratch copy of the repository and check that the
+fast tests catch it (docs/reliability.md, "Mutation sweep").
+
+    python scripts/mutants.py            # every mutant
+    python scripts/mutants.py NAME ...   # some of them
+
+Each mutant replaces one snippet of the engine's source (it must occur exactly once; a snippet
+that no longer applies is reported as an ERROR, so a refactor that moves the code must update
+this list) and runs the test files that should catch it, stopping at the first failure. Exit
+status 0 only if the unmutated copy passes and every mutant is caught. Not part of `make test`:
+it takes minutes. `tests/test_mutants.py` checks that every snippet still applies.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    bug: str  # what a reviewer would call it
+    path: str  # file under the repository root
+    old: str  # snippet, occurring exactly once in the file
+    new: str
+    tests: tuple[str, ...]  # pytest arguments that must catch it
+
+
+ORACLE = "tests/test_verdict_oracle.py"
+DISTRIBUTION = "tests/test_engine_distribution.py"
+_SAMPLED_ROW = "dist = residual(p_n, ph[n], q[n], cfg.residual) if n < gamma else p_n"
+_ACCEPT = "n = accepted_count(x, ph.gather(1, idx)[:, 0], q.gather(1, idx)[:, 0], u)"
+_Q = "q = log_probs(logits[None], cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)[0].exp()"
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "greedy-emits-argmax-p",
+        "greedy, eta > 0: after a rejection emit argmax p instead of argmax p_hat",
+        "rapid_integrations/verify.py",
+        "    return n, y[n : n + 1]",
+        "    return n, z.argmax(-1)[n : n + 1]",
+        (ORACLE,),
+    ),
+    Mutant(
+        "accept-with-p",
+        "acceptance computed with p instead of p_hat",
+        "rapid_integrations/verify.py",
+        _ACCEPT,
+        _ACCEPT.replace("ph.gather", "logp[:gamma].exp().gather"),
+        (ORACLE,),
+    ),
+    Mutant(
+        "residual-row-0",
+        "the residual taken from row 0 instead of the rejection row n",
+        "rapid_integrations/verify.py",
+        _SAMPLED_ROW,
+        "dist = residual(logp[0].exp(), ph[0], q[0], cfg.residual) if n < gamma else p_n",
+        (ORACLE,),
+    ),
+    Mutant(
+        "p-hat-from-q-row-0",
+        "p_hat of every row built from q's row 0",
+        "rapid_integrations/verify.py",
+        "ph = p_hat(logp, q, cfg.eta",
+        "ph = p_hat(logp, q[:1].expand_as(q), cfg.eta",
+        (ORACLE,),
+    ),
+    Mutant(
+        "q-temperature-twice",
+        "temperature applied twice to the draft's q",
+        "rapid_integrations/drafting.py",
+        _Q,
+        _Q.replace("logits[None],", "logits[None] / cfg.temperature,"),
+        (DISTRIBUTION + "::test_proposer_q_is_the_drafts_own_filtered_distribution",),
+    ),
+    Mutant(
+        "top-p-not-on-q",
+        "top-p applied to p but not to q",
+        "rapid_integrations/drafting.py",
+        _Q,
+        _Q.replace("cfg.top_p,", "1.0,"),
+        (DISTRIBUTION + "::test_proposer_q_is_the_drafts_own_filtered_distribution",),
+    ),
+    Mutant(
+        "draft-crop-off-by-one",
+        "the draft cache cropped one token too many after a rejection",
+        "rapid_integrations/drafting.py",
+        "self.state.rollback(gamma - 1 - accepted)",
+        "self.state.rollback(gamma - accepted)",
+        ("tests/test_engine_exact.py::test_proposer_cache_follows_every_verdict",),
+    ),
+    Mutant(
+        "accept-without-q",
+        "acceptance with probability p_hat(x) instead of min(1, p_hat(x) / q(x))",
+        "rapid_integrations/verify.py",
+        _ACCEPT,
+        _ACCEPT.replace("q.gather(1, idx)[:, 0]", "torch.ones_like(u)"),
+        (ORACLE,),
+    ),
+    Mutant(
+        "wrong-bonus-row",
+        "the bonus token drawn from p at row gamma - 1 instead of row gamma",
+        "rapid_integrations/verify.py",
+        _SAMPLED_ROW,
+        _SAMPLED_ROW.replace("else p_n", "else logp[n - 1].exp()"),
+        (ORACLE,),
+    ),
+    Mutant(
+        "residual-rules-swapped",
+        "the 'paper' and 'exact' residual rules swapped",
+        "rapid_integrations/sampling.py",
+        '    if rule == "paper":',
+        '    if rule == "exact":',
+        (ORACLE,),
+    ),
+    Mutant(
+        "no-tail-guard",
+        "the paper's tail guard never applied",
+        "rapid_integrations/sampling.py",
+        '    if tail_guard == "paper":',
+        '    if tail_guard == "never":',
+        (ORACLE,),
+    ),
+    Mutant(
+        "no-end-guard",
+        "the end guard dropped from the verdict",
+        "rapid_integrations/verify.py",
+        "return ph if end_ids is None else end_guard(ph, logp.exp(), end_ids)",
+        "return ph",
+        (ORACLE,),
+    ),
+    Mutant(
+        "sliding-layer-shows-everything",
+        "a sliding-window layer attends to every cached token, not its window",
+        "rapid_integrations/kv.py",
+        "return self.keys[..., start:, :], self.values[..., start:, :]",
+        "return self.keys, self.values",
+        ("tests/test_kv_layouts.py",),
+    ),
+    Mutant(
+        "prefix-cache-ignores-weights",
+        "the prefix cache keyed by the model object only, not its weights",
+        "rapid_integrations/prefix_cache.py",
+        "return self.model() is model and self.weights == weights",
+        "return self.model() is model",
+        (
+            "tests/test_prefix_cache.py::test_weights_changed_in_place_or_converted_never_serve_stale_kv",
+        ),
+    ),
+)
+
+
+def apply(mutant: Mutant, root: Path) -> None:
+    """Plant `mutant` in the copy at `root`; ValueError if its snippet does not occur once."""
+    path = root / mutant.path
+    text = path.read_text()
+    if text.count(mutant.old) != 1:
+        raise ValueError(
+            f"{mutant.name}: snippet occurs {text.count(mutant.old)} times in {mutant.path}"
+        )
+    path.write_text(text.replace(mutant.old, mutant.new))
+
+
+def copy_repo(dest: Path) -> None:
+    """The working tree's tracked and untracked (not ignored) files, copied to `dest`."""
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
+    for name in filter(None, files):
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+
+
+def run_tests(root: Path, tests: tuple[str, ...]) -> tuple[bool, float]:
+    """(passed, seconds) of the given tests in the copy at `root`, stopping at the first failure."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    start = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+        cwd=root,
+        env=env,
+        capture_output=True,
+    )
+    return result.returncode == 0, time.perf_counter() - start
+
+
+def main(names: list[str]) -> int:
+    chosen = [m for m in MUTANTS if not names or m.name in names]
+    failures = 0
+    with tempfile.TemporaryDirectory(prefix="rapid-mutants-") as tmp:
+        clean = Path(tmp) / "clean"
+        copy_repo(clean)
+        passed, seconds = run_tests(clean, tuple(sorted({t for m in chosen for t in m.tests})))
+        print(f"baseline (no mutant): {'pass' if passed else 'FAIL'} in {seconds:.0f} s")
+        if not passed:
+            return 1
+        print("| mutant | bug | tests | result | seconds |\n|---|---|---|---|---|")
+        for m in chosen:
+            work = Path(tmp) / m.name
+            shutil.copytree(clean, work)
+            try:
+                apply(m, work)
+            except ValueError as exc:
+                print(f"| {m.name} | {m.bug} | - | ERROR: {exc} | - |")
+                failures += 1
+                continue
+            survived, seconds = run_tests(work, m.tests)
+            failures += survived
+            tests = ", ".join(f"`{t.removeprefix('tests/')}`" for t in m.tests)
+            verdict = "not caught" if survived else "caught"
+            print(f"| {m.name} | {m.bug} | {tests} | {verdict} | {seconds:.0f} |", flush=True)
+            shutil.rmtree(work)
+    print(f"{len(chosen) - failures} of {len(chosen)} mutants caught")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

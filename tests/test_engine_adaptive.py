@@ -1,0 +1,202 @@
+"""docs/algorithm.md sections 2.9 and 2.10 on tiny random models: adaptive drafting and the
+lookup proposer change how many drafts each pass gets and who makes them, never the output's
+law: eta = 0 greedy is the target's own greedy decoding, eta = 0 sampling follows p, and with
+a one-hot q and eta > 0 one emitted token follows the law of section 4."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine
+from rapid_integrations.drafting import GammaSchedule, LookupProposer
+from rapid_integrations.sampling import one_step_law, p_hat
+from tests.test_engine_distribution import assert_follows
+from tests.test_engine_exact import random_prompts
+from tests.tiny import next_token_probs, reference_greedy
+
+SETTINGS = [
+    {"draft_confidence_threshold": 0.5},
+    {"draft_confidence_threshold": 0.9, "gamma": 12},
+    {"adaptive_gamma": True, "gamma": 1, "gamma_max": 6},
+    {"adaptive_gamma": True, "gamma": 8, "gamma_max": 12, "draft_confidence_threshold": 0.3},
+    {"lookup_ngram": 2},
+    {"lookup_ngram": 3, "adaptive_gamma": True, "draft_confidence_threshold": 0.6},
+]
+
+
+def repetitive_prompts(n: int, seed: int) -> list[tuple[str, str]]:
+    """Prompts whose pieces repeat, so that n-gram lookups find matches."""
+    return [(prompt * 3, draft * 2) for prompt, draft in random_prompts(n, seed)]
+
+
+@pytest.mark.parametrize(
+    "options", SETTINGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items())
+)
+@pytest.mark.parametrize("kind", ["self", "separate"])
+def test_eta0_greedy_equals_target_greedy(engines, target, tok, options, kind):
+    engine = engines[kind]
+    drafted = lookup = 0
+    for i, (prompt, draft_prompt) in enumerate(repetitive_prompts(6, seed=len(options))):
+        want = reference_greedy(target, tok.encode(prompt), 24, len(tok))
+        mode = "sd" if i % 3 == 2 else "rapid"
+        out = engine.generate(prompt, draft_prompt, mode=mode, **options)
+        assert out.token_ids == want, (kind, options, mode, prompt)
+        s = out.stats
+        assert s.accepted_tokens + s.target_forward_passes == s.new_tokens == 24
+        # One draft forward pass per token the model drafted; copied drafts cost none.
+        assert s.draft_forward_passes == s.drafted_tokens - s.lookup_drafted_tokens
+        drafted, lookup = drafted + s.drafted_tokens, lookup + s.lookup_drafted_tokens
+    if options.get("lookup_ngram"):
+        assert 0 < lookup < drafted  # both proposers drafted
+
+
+def test_adaptive_gamma_grows_on_full_acceptance(tok, target):
+    """The target drafting for itself on its own prompt is always accepted: gamma climbs by 2
+    per pass to gamma_max, so 30 tokens take fewer passes than at the starting gamma."""
+    engine = RapidEngine(
+        target, tokenizer=tok, config=RapidConfig(eta=0.0, max_new_tokens=30, ignore_eos=True)
+    )
+    fixed = engine.generate("abc abc", mode="sd", gamma=2).stats
+    grown = engine.generate("abc abc", mode="sd", gamma=2, adaptive_gamma=True, gamma_max=10).stats
+    assert fixed.target_forward_passes == 10  # 3 tokens per pass
+    # gamma 2, 4, 6, 8, 10: 3 + 5 + 7 + 9 = 24 tokens in 4 passes, then 6 more in one.
+    assert grown.target_forward_passes == 5
+
+
+def test_gamma_schedule_follows_the_heuristic():
+    schedule = GammaSchedule(RapidConfig(gamma=4, adaptive_gamma=True, gamma_max=7))
+    steps = [(4, 4, 4), (6, 6, 6), (7, 7, 2), (6, 3, 3), (6, 6, 0), (5, 5, 0)]
+    seen = []
+    for asked, drafted, accepted in steps:
+        assert schedule.gamma == asked
+        schedule.update(asked, drafted, accepted)
+        seen.append(schedule.gamma)
+    # +2 (capped at 7), -1 on a rejection, unchanged when the drafter stopped early.
+    assert seen == [6, 7, 6, 6, 5, 4]
+    fixed = GammaSchedule(RapidConfig(gamma=4))
+    fixed.update(4, 4, 4)
+    assert fixed.gamma == 4
+    floor = GammaSchedule(RapidConfig(gamma=1, adaptive_gamma=True))
+    floor.update(1, 1, 0)
+    assert floor.gamma == 1
+
+
+@pytest.mark.parametrize(("threshold", "proposed"), [(0.0, 6), (1.0, 1)])
+def test_draft_stops_after_a_token_below_the_confidence_threshold(tok, draft, threshold, proposed):
+    """Threshold 1 is never reached by a spread-out q: the first draft is proposed and drafting
+    stops (as transformers' ConfidenceCriteria, the doubtful token itself is kept); the cache
+    then follows the verdict as after a full proposal."""
+    from rapid_integrations.drafting import ModelProposer
+    from rapid_integrations.kv import KVState
+
+    cfg = RapidConfig(eta=0.0, draft_confidence_threshold=threshold)
+    prompt = tok.encode("abc hij kl")
+    state = KVState.start(draft, prompt, len(tok), chunk=4, capacity=len(prompt) + 20)
+    proposer = ModelProposer(state, cfg, torch.Generator())
+    x, _ = proposer.propose(6)
+    want = reference_greedy(draft, prompt, 6, len(tok))
+    assert x.tolist() == want[:proposed] and state.forward_passes == proposed
+    token = torch.tensor([3])
+    proposer.commit(len(x), len(x), token)
+    context = prompt + x.tolist() + [3]
+    assert proposer.propose(1)[0].tolist() == reference_greedy(draft, context, 1, len(tok))
+
+
+def test_lookup_proposes_the_latest_continuation_of_the_longest_suffix():
+    lookup = LookupProposer(corpus=[5, 6, 7, 8], sequence=[1, 2, 3, 9, 2, 3], ngram=3, vocab=12)
+    assert lookup.find(4) == [9, 2, 3]  # (2, 3) was followed by 9 in the sequence
+    lookup.extend(torch.tensor([4]))  # sequence ... 2 3 4: (3, 4) never occurred before
+    assert lookup.find(4) == []
+    lookup.extend(torch.tensor([5, 6]))  # (5, 6) occurred in the corpus, followed by 7, 8
+    assert lookup.find(2) == [7, 8]
+    lookup.extend(torch.tensor([1, 2, 3]))  # (1, 2, 3) matches the start of the sequence
+    assert lookup.find(3) == [9, 2, 3]
+    q = lookup.one_hot(torch.tensor([9, 2]))
+    assert q.shape == (2, 12) and q.sum().item() == 2 and q[0, 9] == q[1, 2] == 1
+
+
+def test_lookup_never_matches_across_the_seam_of_corpus_and_sequence():
+    lookup = LookupProposer(corpus=[1, 2], sequence=[3, 4, 1, 2], ngram=2, vocab=8)
+    # (2, 3) spans the seam and must not exist; (1, 2) at the corpus end has no continuation.
+    assert lookup.find(3) == []
+
+
+def test_speculation_below_min_context_is_target_alone(engines, target, tok):
+    engine = engines["separate"]
+    short, long_ = "abc", "abcdefghijkl" * 2
+    out = engine.generate(short, "ab", speculate_min_context=10)
+    assert out.stats.mode == "lc" and out.stats.drafted_tokens == 0
+    assert out.token_ids == reference_greedy(target, tok.encode(short), 24, len(tok))
+    on = engine.generate(long_, "ab", speculate_min_context=10)
+    assert on.stats.mode == "rapid" and on.stats.drafted_tokens > 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("draft_confidence_threshold", 1.5),
+        ("adaptive_gamma", 1),
+        ("gamma_max", 0),
+        ("gamma_max", 65),
+        ("speculate_min_context", -1),
+        ("lookup_ngram", 1),
+        ("lookup_ngram", 9),
+    ],
+)
+def test_bad_drafting_settings_name_their_field(field, value):
+    with pytest.raises(RapidConfigError, match=field):
+        RapidConfig(**{field: value})
+
+
+# ---- sampling laws ------------------------------------------------------------------------
+
+# "kab" then "cab": the suffix "ab" occurred before, followed by "c", so the lookup proposes
+# "c" (and what followed it) with a one-hot q at the first emitted position.
+PROMPT, DRAFT_PROMPT = "kabcab", "b"
+N = 800
+
+
+def emitted(engine: RapidEngine, positions: int = 1, **overrides) -> list[np.ndarray]:
+    """Counts of the token emitted at each of the first `positions` places over N seeds."""
+    counts = [np.zeros(len(engine.tokenizer)) for _ in range(positions)]
+    for seed in range(N):
+        out = engine.generate(PROMPT, DRAFT_PROMPT, seed=seed, ignore_eos=True, **overrides)
+        for position, count in enumerate(counts):
+            count[out.token_ids[position]] += 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def sampler(tok, target, draft):
+    return RapidEngine(target, draft, tokenizer=tok, config=RapidConfig(eta=0.0, temperature=1.0))
+
+
+ADAPTIVE = {"adaptive_gamma": True, "gamma": 2, "draft_confidence_threshold": 0.3}
+
+
+def test_eta0_sampling_first_two_tokens_follow_p(sampler, target, tok):
+    """Lookup drafts (one-hot q), a confidence stop and an adaptive gamma together."""
+    ids = tok.encode(PROMPT)
+    p1 = next_token_probs(target, ids, len(tok))
+    p2 = sum(p1[a] * next_token_probs(target, [*ids, a], len(tok)) for a in range(len(tok)))
+    first, second = emitted(sampler, 2, max_new_tokens=4, lookup_ngram=3, **ADAPTIVE)
+    assert_follows(first, p1.numpy())
+    assert_follows(second, p2.numpy())
+
+
+def test_lookup_draft_with_eta_follows_the_one_hot_law(sampler, target, tok):
+    """eta > 0 with a copied draft x: p_hat = softmax(log p + eta (onehot_x - p)), x is kept with
+    probability p_hat(x), else the residual is drawn: P = p_hat(x) 1[y = x] + (1 - p_hat(x)) r."""
+    eta = 2.0
+    ids = tok.encode(PROMPT)
+    p = next_token_probs(target, ids, len(tok))
+    x = tok.encode("c")[0]
+    onehot = torch.zeros_like(p)
+    onehot[x] = 1.0
+    ph = p_hat(torch.log(p)[None], onehot[None], eta)[0]
+    law = one_step_law(p, ph, onehot, "paper")
+    assert law[x] > 5 * p[x]  # the copy is favoured: the test can tell this law from p
+    (counts,) = emitted(sampler, max_new_tokens=3, eta=eta, lookup_ngram=2, gamma=2)
+    assert_follows(counts, law.numpy())
