@@ -93,7 +93,11 @@ class ChatRapid(RapidParams, BaseChatModel):
             tool_calling=True,
             tool_choice=True,
             tool_call_streaming=True,
-            structured_output=True,
+            # "Native" structured output means an OpenAI-style `response_format` next to the
+            # tools (create_agent's ProviderStrategy); the engine takes a grammar or tools,
+            # not both, so agents get LangChain's ToolStrategy: a forced call of the schema.
+            # with_structured_output offers all three methods regardless.
+            structured_output=False,
         )
 
     def get_num_tokens_from_messages(
@@ -189,13 +193,23 @@ class ChatRapid(RapidParams, BaseChatModel):
         tools: Sequence[ToolLike],
         *,
         tool_choice: str | dict[str, Any] | bool | None = None,
+        strict: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """Bind tools (anything `convert_to_openai_tool` takes); `tool_choice` "auto",
-        "none", "any" / "required", a tool's name, or OpenAI's dict. The engine constrains
-        decoding to valid calls of these schemas (docs/agents.md)."""
+        "none", "any" / "required" / True, a tool's name, or OpenAI's dict. The engine
+        constrains decoding to valid calls of these schemas (docs/agents.md); `strict` is
+        accepted for compatibility, since calls always match their schema.
+
+        Raises `RapidInputError` here, not at the first call, for two tools of one name or a
+        `tool_choice` naming no given tool (`GrammarError` for a schema that cannot compile).
+        """
+        from rapid_integrations.tools import Tools
+
+        del strict  # always strict: decoding cannot leave the schema
         formatted = openai_tools(tools)
-        choice = tool_choice_of(tool_choice, formatted)
+        choice = tool_choice_of(tool_choice)
+        Tools.parse(formatted, choice)  # the engine's own checks, run now
         if choice is not None:
             kwargs["tool_choice"] = choice
         return super().bind(tools=formatted, **kwargs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from operator import itemgetter
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from langchain_core.exceptions import OutputParserException
 from langchain_core.messages import AIMessage
@@ -37,15 +37,14 @@ def openai_tools(tools: Sequence[ToolLike]) -> list[dict[str, Any]]:
     return [convert_to_openai_tool(tool) for tool in tools]
 
 
-def tool_choice_of(choice: object, tools: list[dict[str, Any]]) -> object:
-    """LangChain's tool_choice values in the engine's vocabulary: "any" and True are
-    "required" (True with one tool names it), a tool's name stays a name."""
+def tool_choice_of(choice: object) -> object:
+    """LangChain's tool_choice in the engine's words: True forces a call ("required", as
+    ChatOpenAI reads it), False and None leave it to the model; the rest ("auto", "none",
+    "any", a tool's name, OpenAI's dict) the engine reads as it is."""
     if choice is True:
-        return tools[0]["function"]["name"] if len(tools) == 1 else "required"
-    if choice == "any":
         return "required"
-    if choice is False or choice is None:
-        return "none" if choice is False else None
+    if choice is False:
+        return None
     return choice
 
 
@@ -57,39 +56,58 @@ def structured_runnable(
     include_raw: bool,
 ) -> Runnable[Any, Any]:
     """`with_structured_output`'s runnable: the constrained model, then the parser."""
-    from rapid_integrations.grammar import Grammar
-
-    pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
-    if method == "function_calling":
-        if schema is None:
-            raise RapidConfigError("schema", "function_calling needs a schema")
-        name = convert_to_openai_tool(schema)["function"]["name"]
-        bound = bind_tools([schema], tool_choice=name)
-        parser: Runnable[Any, Any] = (
-            PydanticToolsParser(tools=[schema], first_tool_only=True)
-            if pydantic
-            else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
-        )
-    elif method in ("json_schema", "json_mode"):
-        if method == "json_schema" and schema is None:
-            raise RapidConfigError("schema", "json_schema needs a schema")
-        grammar = (
-            Grammar.json_schema(convert_to_json_schema(schema))
-            if method == "json_schema"
-            else Grammar.json_object()
-        )
-        bound = model.bind(grammar=grammar)
-        parser = PydanticOutputParser(pydantic_object=schema) if pydantic else JsonOutputParser()
-    else:
+    if method not in get_args(StructuredMethod):
         raise RapidConfigError(
-            "method", f"must be json_schema, function_calling or json_mode, got {method!r}"
+            "method", f"must be one of {list(get_args(StructuredMethod))}, got {method!r}"
         )
+    if schema is None and method != "json_mode":
+        raise RapidConfigError("schema", f"method={method!r} needs a schema")
+    # What LangSmith and the standard tests read from the call's options (popped by
+    # BaseChatModel before the call reaches the engine).
+    traced = {"kwargs": {"method": method}, **({"schema": schema} if schema is not None else {})}
+    if method == "function_calling":
+        bound, parser = _forced_call(bind_tools, schema, traced)
+    else:
+        bound, parser = _grammar_answer(model, schema, method, traced)
     checked = RunnableLambda(_complete) | parser
     if not include_raw:
         return bound | checked
     parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | checked, parsing_error=_none)
     failed = RunnablePassthrough.assign(parsed=_none)
     return RunnableMap(raw=bound) | parsed.with_fallbacks([failed], exception_key="parsing_error")
+
+
+def _forced_call(
+    bind_tools: Callable[..., Runnable[Any, AIMessage]], schema: Any, traced: dict[str, Any]
+) -> tuple[Runnable[Any, AIMessage], Runnable[Any, Any]]:
+    """The schema as the one tool, its call forced; parsed by LangChain's tool parsers."""
+    name = convert_to_openai_tool(schema)["function"]["name"]
+    bound = bind_tools([schema], tool_choice=name, ls_structured_output_format=traced)
+    if _is_pydantic(schema):
+        return bound, PydanticToolsParser(tools=[schema], first_tool_only=True)
+    return bound, JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
+
+
+def _grammar_answer(
+    model: Runnable[Any, AIMessage], schema: Any, method: str, traced: dict[str, Any]
+) -> tuple[Runnable[Any, AIMessage], Runnable[Any, Any]]:
+    """The answer's text constrained to the schema ("json_schema") or to any JSON object
+    ("json_mode", where the prompt must ask for the keys, as with OpenAI's JSON mode)."""
+    from rapid_integrations.grammar import Grammar
+
+    grammar = (
+        Grammar.json_schema(convert_to_json_schema(schema))
+        if method == "json_schema"
+        else Grammar.json_object()
+    )
+    bound = model.bind(grammar=grammar, ls_structured_output_format=traced)
+    if _is_pydantic(schema):
+        return bound, PydanticOutputParser(pydantic_object=schema)
+    return bound, JsonOutputParser()
+
+
+def _is_pydantic(schema: object) -> bool:
+    return isinstance(schema, type) and is_basemodel_subclass(schema)
 
 
 def _complete(message: AIMessage) -> AIMessage:

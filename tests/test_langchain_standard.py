@@ -56,7 +56,7 @@ class NotOffered:
 
     @property
     def supports_anthropic_inputs(self) -> bool:
-        """Anthropic content blocks carry tool use and images, neither of which applies."""
+        """Its test sends thinking blocks and images too (tool_use blocks alone are read)."""
         return False
 
     @property
@@ -103,3 +103,8 @@ class TestChatRapidIntegration(NotOffered, ChatModelIntegrationTests):
     @property
     def chat_model_params(self) -> dict[str, Any]:
         return {"engine": self.engine, "max_tokens": MAX_TOKENS}
+
+    @property
+    def supports_json_mode(self) -> bool:
+        """with_structured_output(method="json_mode"): a grammar of any JSON object."""
+        return True
