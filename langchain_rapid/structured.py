@@ -63,8 +63,8 @@ def structured_runnable(
     if schema is None and method != "json_mode":
         raise RapidConfigError("schema", f"method={method!r} needs a schema")
     # What LangSmith and the standard tests read from the call's options (popped by
-    # BaseChatModel before the call reaches the engine).
-    traced = {"kwargs": {"method": method}, **({"schema": schema} if schema is not None else {})}
+    # BaseChatModel before the call reaches the engine); an empty one (no schema) is skipped.
+    traced = {} if schema is None else {"kwargs": {"method": method}, "schema": schema}
     if method == "function_calling":
         bound, parser = _forced_call(bind_tools, schema, traced)
     else:

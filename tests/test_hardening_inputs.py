@@ -269,15 +269,20 @@ def test_every_llamaindex_role_reaches_a_chat_role(engine: RapidEngine) -> None:
 
 
 def test_tool_messages_get_the_same_refusal_from_both_adapters(engine: RapidEngine) -> None:
-    """One policy (docs/migration.md): refused, never dropped, until the engine renders them."""
+    """Never dropped (docs/migration.md): LlamaIndex refuses them until its adapter renders
+    them; ChatRapid renders them."""
     refusal = r"message 1: .* is not supported yet; tool results and tool calls need"
     for role in TOOL_ROLES:
         with pytest.raises(RapidInputError, match=refusal):
             LlamaIndexLLM(engine=engine).chat(
                 [ChatMessage(role="user", content="a"), ChatMessage(role=role, content="4")]
             )
-    with pytest.raises(RapidInputError, match=refusal):
-        ChatRapid(engine=engine).invoke([HumanMessage("a"), ToolMessage("4", tool_call_id="c")])
+    # LangChain's ChatRapid reads them now: rendered by the engine (docs/agents.md,
+    # tests/test_langchain_tools.py), so the result adds to what the model reads.
+    chat = ChatRapid(engine=engine, max_tokens=1)
+    alone = chat.invoke([HumanMessage("a")]).usage_metadata["input_tokens"]
+    result = chat.invoke([HumanMessage("a"), ToolMessage("4", tool_call_id="c")])
+    assert result.usage_metadata["input_tokens"] > alone
 
 
 def test_content_a_text_model_cannot_read_is_refused_not_dropped(engine: RapidEngine) -> None:

@@ -121,7 +121,10 @@ def test_calls_and_results_in_history_render_as_openai_messages(
         "function": {"name": "get_weather", "arguments": args},
     }
     bound = chat.bind_tools(TOOLS, tool_choice="none")
-    for ai, content in ((AIMessage("", tool_calls=[call]), ""), (AIMessage(blocks), "ok")):
+    for ai, content in (
+        (AIMessage("", tool_calls=[call]), ""),
+        (AIMessage(blocks, tool_calls=[call]), "ok"),
+    ):
         history = [HumanMessage("weather in rome"), ai, ToolMessage("sunny", tool_call_id="call_1")]
         want = engine.generate(
             [
@@ -199,7 +202,7 @@ def test_json_mode_answers_any_json_object(chat: ChatRapid, engine: RapidEngine)
 
 @pytest.mark.parametrize("method", ["json_schema", "function_calling", "json_mode"])
 def test_an_answer_cut_off_by_max_tokens_names_the_cause(engine: RapidEngine, method: str) -> None:
-    short = ChatRapid(engine=engine, max_tokens=3)
+    short = ChatRapid(engine=engine, max_tokens=1)  # "{" alone: even "{}" is cut off
     schema = None if method == "json_mode" else Flag
     with pytest.raises(OutputParserException, match="finish_reason='length'"):
         short.with_structured_output(schema, method=method).invoke(PROMPT)
