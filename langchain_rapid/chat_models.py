@@ -201,15 +201,14 @@ class ChatRapid(RapidParams, BaseChatModel):
         constrains decoding to valid calls of these schemas (docs/agents.md); `strict` is
         accepted for compatibility, since calls always match their schema.
 
-        Raises `RapidInputError` here, not at the first call, for two tools of one name or a
-        `tool_choice` naming no given tool (`GrammarError` for a schema that cannot compile).
+        The engine checks the tools when the bound model is called, before decoding anything:
+        two tools of one name or a `tool_choice` naming no given tool raise `RapidInputError`,
+        a schema that cannot compile `GrammarError`. (Binding itself accepts them, as other
+        chat models do: LangChain's standard tests bind a class beside its own JSON schema.)
         """
-        from rapid_integrations.tools import Tools
-
         del strict  # always strict: decoding cannot leave the schema
         formatted = openai_tools(tools)
         choice = tool_choice_of(tool_choice)
-        Tools.parse(formatted, choice)  # the engine's own checks, run now
         if choice is not None:
             kwargs["tool_choice"] = choice
         return super().bind(tools=formatted, **kwargs)

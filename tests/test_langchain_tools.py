@@ -2,7 +2,7 @@
 
 Each adapter call is checked against the engine called directly with the same tools, grammar
 and settings (docs/algorithm.md sections 10-11), so a lost argument, a dropped call or a
-history rendered differently shows as a difference. Bad input raises when tools are bound.
+history rendered differently shows as a difference. Bad tools raise before decoding.
 """
 
 from __future__ import annotations
@@ -160,12 +160,16 @@ def test_calls_and_results_in_history_render_as_openai_messages(
         ),
     ],
 )
-def test_bad_tools_raise_when_bound(tools: list[Any], choice: Any, error: type, match: str) -> None:
-    """Before any call, and before any weights load."""
-    chat = ChatRapid()
+def test_bad_tools_raise_before_decoding(
+    engine: RapidEngine, tools: list[Any], choice: Any, error: type, match: str
+) -> None:
+    """The engine's own checks, reached through the binding, before any token is decoded;
+    the engine serves on."""
+    chat = ChatRapid(engine=engine, max_tokens=2)
+    bound = chat.bind_tools(tools, tool_choice=choice)
     with pytest.raises(error, match=match):
-        chat.bind_tools(tools, tool_choice=choice)
-    assert chat._engine is None
+        bound.invoke(PROMPT)
+    assert chat.invoke(PROMPT).usage_metadata["output_tokens"] > 0
 
 
 def test_json_schema_answers_are_the_engines_constrained_text(
