@@ -3,29 +3,48 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LangSmithParams, ModelProfile
+from langchain_core.language_models import (
+    BaseChatModel,
+    LangSmithParams,
+    LanguageModelInput,
+    ModelProfile,
+)
 from langchain_core.language_models.chat_models import (
     agenerate_from_stream,
     generate_from_stream,
 )
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ChatMessage
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    ChatMessage,
+    ToolMessage,
+)
+from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
-from pydantic import ConfigDict
+from langchain_core.runnables import Runnable
+from pydantic import BaseModel, ConfigDict
 
-from rapid_integrations import RapidInputError, RapidOutput
-from rapid_integrations.adapter_params import tool_messages_refused
+from rapid_integrations import RapidConfigError, RapidInputError, RapidOutput
 
 from ._base import RapidParams, aiter_in_thread
+from .structured import (
+    StructuredMethod,
+    ToolLike,
+    openai_tools,
+    structured_runnable,
+    tool_choice_of,
+)
 
-# LangChain message types -> chat template roles. Tool and function messages are refused
-# (adapter_params.tool_messages_refused) until the engine renders them: dropping them
-# silently would change the conversation.
-_ROLES = {"system": "system", "human": "user", "ai": "assistant"}
-_TOOL_TYPES = frozenset({"tool", "function"})
+# LangChain message types -> chat template roles. Function messages (OpenAI's old form,
+# without call ids) are refused rather than dropped: dropping would change the conversation.
+_ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
+_CALL_BLOCKS = frozenset({"tool_call", "tool_call_chunk", "invalid_tool_call"})
 _CHAT_MESSAGE_ROLES = frozenset({"system", "user", "assistant"})
 
 
@@ -71,7 +90,13 @@ class ChatRapid(RapidParams, BaseChatModel):
             audio_inputs=False,
             video_inputs=False,
             text_outputs=True,
-            tool_calling=False,
+            tool_calling=True,
+            tool_choice=True,
+            tool_call_streaming=True,
+            # "Native" structured output means an OpenAI-style `response_format` next to the
+            # tools (create_agent's ProviderStrategy); the engine takes a grammar or tools,
+            # not both, so agents get LangChain's ToolStrategy: a forced call of the schema.
+            # with_structured_output offers all three methods regardless.
             structured_output=False,
         )
 
@@ -80,11 +105,15 @@ class ChatRapid(RapidParams, BaseChatModel):
     ) -> int:
         """Tokens the target reads for `messages`: through the chat template, with the
         model's own tokenizer (no weights load before the first call)."""
-        if tools:
-            raise RapidInputError("ChatRapid does not take tools yet; nothing to count them with")
+        from rapid_integrations.tools import Tools, prepare_messages
+
         tokenizer = self._counting_tokenizer()
+        specs = Tools.parse(openai_tools(tools)) if tools else None
+        # Rendered as the engine renders them: tools and calls through the template or its
+        # system-prompt rendering.
+        prepared, extra = prepare_messages(to_chat_messages(messages), specs, tokenizer)
         text = tokenizer.apply_chat_template(
-            to_chat_messages(messages), tokenize=False, add_generation_prompt=True
+            prepared, tokenize=False, add_generation_prompt=True, **extra
         )
         return len(tokenizer.encode(text, add_special_tokens=False))
 
@@ -143,27 +172,92 @@ class ChatRapid(RapidParams, BaseChatModel):
                 yield chunk
 
     def _last_chunk(self, output: RapidOutput) -> ChatGenerationChunk:
-        """The closing chunk: no text, the usage and the response metadata (set once only)."""
+        """The closing chunk: no text, the tool calls (the engine parses them once the call
+        markup is complete), the usage and the response metadata (set once only)."""
+        calls = [
+            tool_call_chunk(name=c.name, args=json.dumps(c.arguments), id=c.id, index=i)
+            for i, c in enumerate(output.tool_calls)
+        ]
         return ChatGenerationChunk(
             message=AIMessageChunk(
                 content="",
+                tool_call_chunks=calls,
                 usage_metadata=self._usage(output),
                 response_metadata=self._response_metadata(output),
                 chunk_position="last",
             )
         )
 
+    def bind_tools(
+        self,
+        tools: Sequence[ToolLike],
+        *,
+        tool_choice: str | dict[str, Any] | bool | None = None,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools (anything `convert_to_openai_tool` takes); `tool_choice` "auto",
+        "none", "any" / "required" / True, a tool's name, or OpenAI's dict. The engine
+        constrains decoding to valid calls of these schemas (docs/agents.md); `strict` is
+        accepted for compatibility, since calls always match their schema.
 
-def to_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
-    """LangChain messages -> the engine's `{"role", "content"}` chat messages (text only).
+        The engine checks the tools when the bound model is called, before decoding anything:
+        two tools of one name or a `tool_choice` naming no given tool raise `RapidInputError`,
+        a schema that cannot compile `GrammarError`. (Binding itself accepts them, as other
+        chat models do: LangChain's standard tests bind a class beside its own JSON schema.)
+        """
+        del strict  # always strict: decoding cannot leave the schema
+        formatted = openai_tools(tools)
+        choice = tool_choice_of(tool_choice)
+        if choice is not None:
+            kwargs["tool_choice"] = choice
+        return super().bind(tools=formatted, **kwargs)
 
-    Raises `RapidInputError` for what a text chat template cannot carry: tool and function
-    messages, tool calls, and non-text content such as images.
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type | None = None,
+        *,
+        method: StructuredMethod = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
+        """Answers as `schema` (a pydantic class, TypedDict or JSON schema): by a JSON-schema
+        grammar ("json_schema"), a forced tool call ("function_calling") or any JSON object
+        ("json_mode"); `include_raw` returns {"raw", "parsed", "parsing_error"}. `strict` is
+        accepted for compatibility: the grammar always enforces the schema exactly."""
+        del strict  # always strict: decoding cannot leave the schema
+        if kwargs:
+            raise RapidConfigError(sorted(kwargs)[0], "unknown with_structured_output argument")
+        return structured_runnable(self, self.bind_tools, schema, method, include_raw)
+
+
+def to_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """LangChain messages -> the engine's chat messages (OpenAI shapes): role and content,
+    an AI message's `tool_calls`, a tool message's `tool_call_id` and `name`.
+
+    Raises `RapidInputError` for what the model cannot read: function messages (the old
+    OpenAI form, without call ids), unknown roles, and non-text content such as images.
     """
-    return [
-        {"role": _role(message, i), "content": _text(message, i)}
-        for i, message in enumerate(messages)
-    ]
+    names = {c["id"]: c["name"] for m in messages if isinstance(m, AIMessage) for c in m.tool_calls}
+    return [_as_dict(message, i, names) for i, message in enumerate(messages)]
+
+
+def _as_dict(message: BaseMessage, index: int, names: dict[str | None, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": _role(message, index), "content": _text(message, index)}
+    if isinstance(message, AIMessage) and message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["args"]},
+            }
+            for c in message.tool_calls
+        ]
+    if isinstance(message, ToolMessage):
+        out["tool_call_id"] = message.tool_call_id
+        out["name"] = message.name or names.get(message.tool_call_id, "")
+    return out
 
 
 def _role(message: BaseMessage, index: int) -> str:
@@ -171,19 +265,22 @@ def _role(message: BaseMessage, index: int) -> str:
         return message.role
     if message.type in _ROLES:
         return _ROLES[message.type]
-    if message.type in _TOOL_TYPES:
-        raise tool_messages_refused(index, type(message).__name__)
     raise RapidInputError(
         f"message {index}: {type(message).__name__} is not supported; ChatRapid takes system, "
-        "human and AI messages (and ChatMessage with role system, user or assistant)"
+        "human, AI and tool messages (and ChatMessage with role system, user or assistant)"
     )
 
 
+def _is_tool_use(block: Any) -> bool:
+    """An Anthropic-style tool_use block, which `tool_calls` carries too."""
+    return block["type"] == "non_standard" and block.get("value", {}).get("type") == "tool_use"
+
+
 def _text(message: BaseMessage, index: int) -> str:
-    if isinstance(message, AIMessage) and message.tool_calls:
-        raise tool_messages_refused(index, "an AI message with tool calls")
     parts = []
     for block in message.content_blocks:
+        if block["type"] in _CALL_BLOCKS or _is_tool_use(block):
+            continue  # an AI message's calls: rendered from `tool_calls` by `_as_dict`
         if block["type"] != "text":
             raise RapidInputError(
                 f"message {index}: {block['type']!r} content is not supported; ChatRapid "

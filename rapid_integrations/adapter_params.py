@@ -183,15 +183,6 @@ def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def tool_messages_refused(index: int, what: str) -> RapidInputError:
-    """The one error both adapters raise for tool results and tool calls in a conversation,
-    until the engine renders them (tool calling)."""
-    return RapidInputError(
-        f"message {index}: {what} is not supported yet; tool results and tool calls need "
-        "the engine's tool calling (docs/migration.md, tool messages)"
-    )
-
-
 @dataclass(frozen=True)
 class LoadSpec:
     """How to build a `RapidEngine`: everything both adapters accept to load models.

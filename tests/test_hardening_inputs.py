@@ -268,11 +268,13 @@ def test_every_llamaindex_role_reaches_a_chat_role(engine: RapidEngine) -> None:
         ChatMessage(role="wizard", content="x")
 
 
-def test_langchain_tool_messages_are_refused_until_it_renders_them(engine: RapidEngine) -> None:
-    """Refused, never dropped, until ChatRapid passes them to the engine."""
-    refusal = r"message 1: .* is not supported yet; tool results and tool calls need"
-    with pytest.raises(RapidInputError, match=refusal):
-        ChatRapid(engine=engine).invoke([HumanMessage("a"), ToolMessage("4", tool_call_id="c")])
+def test_langchain_tool_messages_are_read_not_dropped(engine: RapidEngine) -> None:
+    """ChatRapid renders tool results through the engine (docs/agents.md,
+    tests/test_langchain_tools.py): the result adds to what the model reads."""
+    chat = ChatRapid(engine=engine, max_tokens=1)
+    alone = chat.invoke([HumanMessage("a")]).usage_metadata["input_tokens"]
+    result = chat.invoke([HumanMessage("a"), ToolMessage("4", tool_call_id="c")])
+    assert result.usage_metadata["input_tokens"] > alone
 
 
 def test_content_a_text_model_cannot_read_is_refused_not_dropped(engine: RapidEngine) -> None:

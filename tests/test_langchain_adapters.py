@@ -23,7 +23,6 @@ from langchain_core.messages import (
     FunctionMessage,
     HumanMessage,
     SystemMessage,
-    ToolMessage,
 )
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore
@@ -291,13 +290,8 @@ def test_messages_map_to_chat_roles() -> None:
 @pytest.mark.parametrize(
     ("message", "match"),
     [
-        (ToolMessage("42", tool_call_id="call-1"), "ToolMessage is not supported yet"),
-        (FunctionMessage("42", name="add"), "FunctionMessage is not supported yet"),
+        (FunctionMessage("42", name="add"), "FunctionMessage is not supported"),
         (ChatMessage(role="critic", content="hm"), "ChatMessage is not supported"),
-        (
-            AIMessage("", tool_calls=[{"name": "add", "args": {}, "id": "call-1"}]),
-            "an AI message with tool calls is not supported yet",
-        ),
         (
             HumanMessage([{"type": "image", "url": "https://example.com/a.png"}]),
             "'image' content is not supported",

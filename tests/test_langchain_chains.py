@@ -93,7 +93,7 @@ def _check_from_model_id(ns: dict[str, Any]) -> None:
 
 def _check_errors(ns: dict[str, Any]) -> None:
     assert isinstance(ns["rejected"], RapidInputError)
-    assert "ToolMessage" in str(ns["rejected"])
+    assert "FunctionMessage" in str(ns["rejected"])
 
 
 # Each check asserts on a section's results; it may return figures worth reporting.

@@ -1,8 +1,9 @@
 """LangChain's standard chat model suites, run on `ChatRapid` with the embedded SmolLM2 model.
 
 Features ChatRapid does not offer are declared off through the suites' properties (and listed in
-docs/langchain.md): tool calling and tool choice, structured output and JSON mode, image / PDF /
-audio / video inputs, Anthropic-style inputs, a per-call `model` override, VCR recordings.
+docs/langchain.md): image / PDF / audio / video inputs, Anthropic-style inputs, a per-call
+`model` override, VCR recordings. Tool calling, tool choice, structured output and JSON mode
+run, on the engine's grammar-constrained decoding.
 """
 
 from __future__ import annotations
@@ -10,37 +11,30 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from langchain_core.exceptions import OutputParserException
+from langchain_core.language_models import BaseChatModel
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
 
 from langchain_rapid import ChatRapid
 from rapid_integrations import RapidEngine
 
-# Short answers keep the integration suite quick on two CPU cores; every test still checks
-# real generated text.
-MAX_TOKENS = 32
+# Short answers keep the integration suite quick on two CPU cores (every test still checks
+# real generated text), long enough for a whole tool call or structured answer.
+MAX_TOKENS = 96
+
+REPEATS_CALLS = (
+    'SmolLM2-135M repeats the forced call (3 identical valid calls, {"input": 3}, until the '
+    'token limit); tool_choice="any" allows one or more calls and the test asserts exactly one'
+)
+ENDLESS_JOKE = (
+    "SmolLM2-135M does not close the joke's JSON string (a repeated phrase runs into "
+    "max_tokens), so the answer is cut off: OutputParserException with finish_reason='length'"
+)
 
 
 class NotOffered:
     """What ChatRapid does not offer, declared off for both suites (reasons in docs/langchain.md)."""
-
-    @property
-    def has_tool_calling(self) -> bool:
-        """No tool calling: a plain chat template model emits no structured tool calls."""
-        return False
-
-    @property
-    def has_tool_choice(self) -> bool:
-        return False
-
-    @property
-    def has_structured_output(self) -> bool:
-        """No with_structured_output: it needs tool calling or constrained (JSON) decoding."""
-        return False
-
-    @property
-    def supports_json_mode(self) -> bool:
-        return False
 
     @property
     def supports_image_inputs(self) -> bool:
@@ -73,7 +67,7 @@ class NotOffered:
 
     @property
     def supports_anthropic_inputs(self) -> bool:
-        """Anthropic content blocks carry tool use and images, neither of which applies."""
+        """Its test sends thinking blocks and images too (tool_use blocks alone are read)."""
         return False
 
     @property
@@ -120,3 +114,47 @@ class TestChatRapidIntegration(NotOffered, ChatModelIntegrationTests):
     @property
     def chat_model_params(self) -> dict[str, Any]:
         return {"engine": self.engine, "max_tokens": MAX_TOKENS}
+
+    @property
+    def supports_json_mode(self) -> bool:
+        """with_structured_output(method="json_mode"): a grammar of any JSON object."""
+        return True
+
+    # What SmolLM2-135M cannot do, though every call it makes is valid by construction. Greedy
+    # decoding makes these failures deterministic, so they are strict: a model or engine change
+    # that makes one pass shows as XPASS and the mark must go.
+
+    @pytest.mark.xfail(strict=True, raises=AssertionError, reason=REPEATS_CALLS)
+    @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
+    def test_tool_calling(self, model: BaseChatModel) -> None:
+        super().test_tool_calling(model)
+
+    @pytest.mark.xfail(strict=True, raises=AssertionError, reason=REPEATS_CALLS)
+    async def test_tool_calling_async(self, model: BaseChatModel) -> None:
+        await super().test_tool_calling_async(model)
+
+    @pytest.mark.xfail(strict=True, raises=AssertionError, reason=REPEATS_CALLS)
+    def test_tool_calling_with_no_arguments(self, model: BaseChatModel) -> None:
+        super().test_tool_calling_with_no_arguments(model)
+
+    @pytest.mark.xfail(strict=True, raises=OutputParserException, reason=ENDLESS_JOKE)
+    @pytest.mark.parametrize("schema_type", ["pydantic", "typeddict", "json_schema"])
+    def test_structured_output(self, model: BaseChatModel, schema_type: Any) -> None:
+        super().test_structured_output(model, schema_type)
+
+    @pytest.mark.xfail(strict=True, raises=OutputParserException, reason=ENDLESS_JOKE)
+    @pytest.mark.parametrize("schema_type", ["pydantic", "typeddict", "json_schema"])
+    async def test_structured_output_async(self, model: BaseChatModel, schema_type: Any) -> None:
+        await super().test_structured_output_async(model, schema_type)
+
+    @pytest.mark.xfail(strict=True, raises=OutputParserException, reason=ENDLESS_JOKE)
+    def test_structured_output_pydantic_2_v1(self, model: BaseChatModel) -> None:
+        super().test_structured_output_pydantic_2_v1(model)
+
+    @pytest.mark.xfail(strict=True, raises=OutputParserException, reason=ENDLESS_JOKE)
+    def test_structured_output_optional_param(self, model: BaseChatModel) -> None:
+        super().test_structured_output_optional_param(model)
+
+    @pytest.mark.xfail(strict=True, raises=OutputParserException, reason=ENDLESS_JOKE)
+    def test_json_mode(self, model: BaseChatModel) -> None:
+        super().test_json_mode(model)
