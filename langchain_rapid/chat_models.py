@@ -194,12 +194,14 @@ class ChatRapid(RapidParams, BaseChatModel):
         *,
         tool_choice: str | dict[str, Any] | bool | None = None,
         strict: bool | None = None,
+        parallel_tool_calls: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """Bind tools (anything `convert_to_openai_tool` takes); `tool_choice` "auto",
         "none", "any" / "required" / True, a tool's name, or OpenAI's dict. The engine
         constrains decoding to valid calls of these schemas (docs/agents.md); `strict` is
         accepted for compatibility, since calls always match their schema.
+        `parallel_tool_calls=False` (as in ChatOpenAI) allows one call: decoding ends after it.
 
         The engine checks the tools when the bound model is called, before decoding anything:
         two tools of one name or a `tool_choice` naming no given tool raise `RapidInputError`,
@@ -211,6 +213,8 @@ class ChatRapid(RapidParams, BaseChatModel):
         choice = tool_choice_of(tool_choice)
         if choice is not None:
             kwargs["tool_choice"] = choice
+        if parallel_tool_calls is not None:
+            kwargs["parallel_tool_calls"] = parallel_tool_calls
         return super().bind(tools=formatted, **kwargs)
 
     def with_structured_output(

@@ -89,6 +89,7 @@ _ENGINE_ARGUMENTS = (
     "grammar",
     "tools",
     "tool_choice",
+    "parallel_tool_calls",
 )
 # LLM base-class arguments, passed on to LlamaIndex as they are.
 _BASE_ARGUMENTS = frozenset(
@@ -430,13 +431,10 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
     ) -> ChatResponseGen:
         """Chat responses; the last one carries the tool calls (the engine parses them once
-        the call markup is complete), only the first when `parallel_tool_calls` is False."""
-        call = dict(kwargs)
-        parallel = call.pop("parallel_tool_calls", True)
+        the call markup is complete)."""
         prompt = self._chat_prompt(messages)
-        for text, delta, out in self._stream(prompt, self._call_args(prompt, call)):
-            calls = [] if out is None else out.tool_calls
-            message = assistant_message(text, calls if parallel else calls[:1])
+        for text, delta, out in self._stream(prompt, self._call_args(prompt, kwargs)):
+            message = assistant_message(text, [] if out is None else out.tool_calls)
             yield ChatResponse(message=message, delta=delta, **_report(out))
 
     def _chat_prompt(self, messages: Sequence[ChatMessage]) -> list[dict[str, Any]] | str:
@@ -471,8 +469,8 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         """`chat()` arguments of `chat_with_tools` and its variants: the history (not changed)
         and `user_msg`, the tools as OpenAI specs, and the tool choice: `tool_choice` as given
         (OpenAI's values or a tool's name), else "required" when `tool_required`, else the
-        engine's "auto". One required call of a single tool names it, so that decoding ends
-        after that call."""
+        engine's "auto". Without `allow_parallel_tool_calls` the grammar allows one call, so
+        decoding ends after it."""
         specs = [tool.metadata.to_openai_tool(skip_length_check=True) for tool in tools]
         messages = list(chat_history or [])
         if isinstance(user_msg, str):
@@ -480,8 +478,7 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         if user_msg is not None:
             messages.append(user_msg)
         if tool_choice is None and tool_required:
-            single = len(specs) == 1 and not allow_parallel_tool_calls
-            tool_choice = specs[0]["function"]["name"] if single else "required"
+            tool_choice = "required"
         return {
             "messages": messages,
             "tools": specs or None,
@@ -505,7 +502,8 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         """Engine arguments of one call: mode, retriever, the extracted query, overrides.
 
         Per-call options are RapidConfig fields or transformers generate() names, plus `mode`,
-        `retriever`, `query`, `draft_prompt`, `grammar`, `tools` and `tool_choice`. A query
+        `retriever`, `query`, `draft_prompt`, `grammar`, `tools`, `tool_choice` and
+        `parallel_tool_calls`. A query
         given per call, or a `query_fn` in the configuration, wins over extraction.
         """
         call = dict(kwargs)

@@ -254,7 +254,8 @@ class RapidEngine:
     ) -> RapidOutput:
         """Generate a completion. `overrides` are `RapidConfig` fields for this call, plus
         `retriever=` and `query=` for building the draft prompt when `draft_prompt` is None,
-        and `grammar=` (a `Grammar`) that the output must match (docs/algorithm.md section 10).
+        and `grammar=` (a `Grammar`) that the output must match (docs/algorithm.md section 10),
+        or `tools=`, `tool_choice=` and `parallel_tool_calls=` (section 11).
         """
         run = self._begin(prompt, draft_prompt, mode, overrides)
         while True:
@@ -428,7 +429,11 @@ class RapidEngine:
         check_mode(mode)
         retriever = overrides.pop("retriever", self.retriever)
         query = overrides.pop("query", None)
-        tools = Tools.parse(overrides.pop("tools", None), overrides.pop("tool_choice", None))
+        tools = Tools.parse(
+            overrides.pop("tools", None),
+            overrides.pop("tool_choice", None),
+            overrides.pop("parallel_tool_calls", True),
+        )
         grammar = self._grammar(overrides.pop("grammar", None), tools)
         cfg = self.config.replace(**overrides)
         if mode == "sd":

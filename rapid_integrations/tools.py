@@ -9,7 +9,8 @@ Tools come in the OpenAI shape `{"type": "function", "function": {"name", "descr
 
 and decoding is constrained to it by a grammar per `tool_choice`: "auto" (text, or calls of
 the given tools), "required" (one or more calls), a tool's name (one call of it), "none" (text
-without call markup). Tools reach the model through the tokenizer's chat template when it
+without call markup). `parallel_tool_calls=False` (OpenAI's option) allows at most one call
+under "auto" and exactly one under "required": decoding ends after it. Tools reach the model through the tokenizer's chat template when it
 renders tools, else through `SYSTEM_PROMPT` in the system message.
 """
 
@@ -63,10 +64,17 @@ class Tools:
 
     specs: tuple[dict[str, Any], ...]
     choice: str
+    parallel: bool = True
 
     @classmethod
-    def parse(cls, tools: object, tool_choice: object = None) -> Tools | None:
-        """Validate `tools` and `tool_choice`; None when there are no tools."""
+    def parse(
+        cls, tools: object, tool_choice: object = None, parallel_tool_calls: object = True
+    ) -> Tools | None:
+        """Validate `tools`, `tool_choice` and `parallel_tool_calls`; None without tools."""
+        if not isinstance(parallel_tool_calls, bool):
+            raise RapidInputError(
+                f"parallel_tool_calls must be a bool, got {type(parallel_tool_calls).__name__}"
+            )
         if tools is None or (isinstance(tools, Sequence) and not tools):
             if tool_choice not in (None, "none", "auto"):
                 raise RapidInputError(f"tool_choice {tool_choice!r} given without tools")
@@ -78,7 +86,7 @@ class Tools:
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise RapidInputError(f"tool names must be unique; given more than once: {twice}")
-        return cls(specs, _choice(tool_choice, names))
+        return cls(specs, _choice(tool_choice, names), parallel_tool_calls)
 
     @property
     def names(self) -> list[str]:
@@ -95,15 +103,21 @@ class Tools:
             s for s in self.specs if self.choice in CHOICES or s["function"]["name"] == self.choice
         ]
         tags = [_call_tag(s["function"]) for s in chosen]
+        one = not self.parallel
         if self.choice == "auto":
-            form = {"type": "triggered_tags", "triggers": [CALL_OPEN], "tags": tags}
+            form = {
+                "type": "triggered_tags",
+                "triggers": [CALL_OPEN],
+                "tags": tags,
+                "stop_after_first": one,
+            }
         else:
             form = {
                 "type": "tags_with_separator",
                 "tags": tags,
                 "separator": "\n",
                 "at_least_one": True,
-                "stop_after_first": self.choice != "required",
+                "stop_after_first": one or self.choice != "required",
             }
         return Grammar.structural_tag({"type": "structural_tag", "format": form})
 

@@ -94,6 +94,20 @@ def test_bound_tools_reach_the_engine(
         assert all(c["id"].startswith("call_") for c in message.tool_calls)
 
 
+@pytest.mark.parametrize("parallel", [True, False])
+def test_parallel_tool_calls_reaches_the_engine(
+    chat: ChatRapid, engine: RapidEngine, parallel: bool
+) -> None:
+    options = {"seed": 2, "temperature": 1.0}
+    bound = chat.bind_tools(TOOLS, tool_choice="any", parallel_tool_calls=parallel)
+    message = bound.invoke(PROMPT, **options)
+    out = engine.generate(
+        MESSAGES, tools=SPECS, tool_choice="required", parallel_tool_calls=parallel, **options
+    )
+    assert calls_of(message) == engine_calls(out)
+    assert message.usage_metadata["output_tokens"] == len(out.token_ids)
+
+
 def test_streamed_calls_add_up_to_the_invoked_ones(chat: ChatRapid) -> None:
     bound = chat.bind_tools(TOOLS, tool_choice="required")
     full = None

@@ -120,8 +120,8 @@ def test_chat_with_tools_equals_the_engines_own_call(
 
 
 def test_one_required_call_without_parallel_calls(llm: RapidLLM, engine: RapidEngine) -> None:
-    """A single tool, required, no parallel calls: exactly one call, and decoding ends after
-    it; with several tools the answer keeps the first of the engine's calls."""
+    """Required, no parallel calls: the grammar allows one call, so decoding ends after it;
+    where the engine with parallel calls chains two, the answer is the first of them."""
     response = llm.chat_with_tools(TOOLS[:1], user_msg=QUESTION, tool_required=True, seed=1)
     assert len(llm.get_tool_calls_from_response(response)) == 1
     assert response.raw["finish_reason"] == "tool_calls"
@@ -132,6 +132,8 @@ def test_one_required_call_without_parallel_calls(llm: RapidLLM, engine: RapidEn
     assert pairs(llm.get_tool_calls_from_response(response)) == [
         (c.name, c.arguments) for c in want.tool_calls[:1]
     ]
+    assert response.raw["finish_reason"] == "tool_calls"
+    assert response.raw["rapid_stats"]["new_tokens"] < len(want.token_ids)
 
 
 def test_streams_and_async_give_the_same_answer(llm: RapidLLM) -> None:

@@ -214,7 +214,7 @@ def test_streamed_text_next_to_tools_is_the_content_alone(
     assert chunks[-1].choices[0].finish_reason == FINISH_REASONS[expected.finish_reason]
 
 
-def test_parallel_tool_calls_false_answers_the_first_call(
+def test_parallel_tool_calls_false_decodes_the_first_call_only(
     client: openai.OpenAI, engine_output: EngineOutput
 ) -> None:
     kwargs: dict[str, Any] = {"tools": [WEATHER], "tool_choice": "required"}
@@ -225,7 +225,10 @@ def test_parallel_tool_calls_false_answers_the_first_call(
         model=MODEL, messages=CHAT, max_tokens=300, parallel_tool_calls=False, **kwargs
     )
     assert api_calls(many.choices[0].message) == engine_calls(expected)
+    # The grammar allows one call: decoding ends after it, rather than trimming the rest.
     assert api_calls(one.choices[0].message) == engine_calls(expected)[:1]
+    assert one.choices[0].finish_reason == "tool_calls"
+    assert one.usage.completion_tokens < many.usage.completion_tokens
 
 
 def test_a_tool_result_turn_is_rendered_as_the_engine_does(

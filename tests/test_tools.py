@@ -155,6 +155,36 @@ def test_required_gives_valid_calls_and_no_text(engine, mode, temperature):
     assert finished >= (1 if temperature else 3)  # sampled, a random model may chain calls
 
 
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_no_parallel_calls_ends_after_one_call(engine, choice):
+    """parallel_tool_calls=False: the grammar takes one call and then only the end (with the
+    option on, a second call may follow); decoded, at most one call."""
+    call = CALL_OPEN + '\n{"name": "add", "arguments": {"a": 3}}\n</tool_call>'
+    for parallel in (True, False):
+        tools = Tools.parse(TOOLS, choice, parallel)
+        matcher = engine._grammars().matcher(tools.grammar())
+        assert matcher.accept_string(call)
+        assert matcher.accept_string("\n" + call) is parallel
+    for seed in range(3):
+        out = engine.generate(
+            MESSAGES,
+            tools=TOOLS,
+            tool_choice=choice,
+            parallel_tool_calls=False,
+            seed=seed,
+            temperature=1.0,
+        )
+        assert len(out.tool_calls) <= 1
+        if out.tool_calls:
+            assert out.finish_reason == "tool_calls"
+            assert_valid_calls(out.tool_calls)
+
+
+def test_parallel_tool_calls_must_be_a_bool(engine):
+    with pytest.raises(RapidInputError, match="parallel_tool_calls must be a bool"):
+        engine.generate(MESSAGES, tools=TOOLS, parallel_tool_calls="no")
+
+
 @pytest.mark.parametrize(
     "choice", ["get_weather", {"type": "function", "function": {"name": "get_weather"}}]
 )

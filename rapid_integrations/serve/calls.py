@@ -38,7 +38,6 @@ class EngineCall:
     stream: bool
     include_usage: bool
     model: str
-    single_call: bool = False  # parallel_tool_calls=false: answer with the first call only
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -56,8 +55,7 @@ def chat_call(request: ChatCompletionRequest, collections: Mapping[str, Collecti
     overrides |= _tool_options(request) | _response_format(request)
     collection = _collection(request, collections, overrides)
     prompt = collection.messages(messages) if collection else messages
-    single_call = request.parallel_tool_calls is False
-    return _call("chat", request, prompt, draft_prompt, overrides, single_call=single_call)
+    return _call("chat", request, prompt, draft_prompt, overrides)
 
 
 def completion_call(
@@ -97,8 +95,6 @@ def _call(
     prompt: Prompt,
     draft_prompt: Prompt | None,
     overrides: dict[str, Any],
-    *,
-    single_call: bool = False,
 ) -> EngineCall:
     options = request.stream_options
     return EngineCall(
@@ -110,7 +106,6 @@ def _call(
         stream=bool(request.stream),
         include_usage=bool(options and options.include_usage),
         model=request.model,
-        single_call=single_call,
     )
 
 
@@ -135,7 +130,8 @@ def _overrides(request: _Request, max_tokens: int | None) -> dict[str, Any]:
 
 
 def _tool_options(request: ChatCompletionRequest) -> dict[str, Any]:
-    """The engine's `tools=` and `tool_choice=`, checked here first so that an error names its
+    """The engine's `tools=`, `tool_choice=` and `parallel_tool_calls=` (False: the grammar
+    allows one call, so decoding ends after it), checked here first so that an error names its
     field (`tools`, then `tool_choice`); the engine checks them again as it plans the call."""
     if request.tools is None and request.tool_choice is None:
         return {}
@@ -144,7 +140,8 @@ def _tool_options(request: ChatCompletionRequest) -> dict[str, Any]:
             Tools.parse(request.tools, choice)
         except RapidError as exc:
             raise _invalid(param, exc) from exc
-    return {"tools": request.tools, "tool_choice": request.tool_choice}
+    one = {"parallel_tool_calls": False} if request.parallel_tool_calls is False else {}
+    return {"tools": request.tools, "tool_choice": request.tool_choice, **one}
 
 
 def _response_format(request: ChatCompletionRequest) -> dict[str, Any]:
@@ -233,7 +230,7 @@ def response(call: EngineCall, output: RapidOutput, replica: str) -> dict[str, A
     if call.kind == "chat":
         message: dict[str, Any] = {"role": "assistant", "content": output.text}
         if output.tool_calls:  # content is null next to calls when there is no text (OpenAI)
-            message |= {"content": output.text or None, "tool_calls": tool_calls(call, output)}
+            message |= {"content": output.text or None, "tool_calls": tool_calls(output)}
         choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         obj = "chat.completion"
     else:
@@ -274,11 +271,9 @@ def chunk(
     return out
 
 
-def tool_calls(call: EngineCall, output: RapidOutput) -> list[dict[str, Any]]:
-    """The output's calls as OpenAI `tool_calls` entries (arguments as JSON text); the first
-    one only under `parallel_tool_calls=false`."""
-    calls = output.tool_calls[:1] if call.single_call else output.tool_calls
-    return [c.to_openai() for c in calls]
+def tool_calls(output: RapidOutput) -> list[dict[str, Any]]:
+    """The output's calls as OpenAI `tool_calls` entries (arguments as JSON text)."""
+    return [c.to_openai() for c in output.tool_calls]
 
 
 def tool_call_chunk(call: EngineCall, output: RapidOutput) -> dict[str, Any] | None:
@@ -290,7 +285,7 @@ def tool_call_chunk(call: EngineCall, output: RapidOutput) -> dict[str, Any] | N
     if not output.tool_calls:
         return None
     out = chunk(call)
-    deltas = [{"index": i, **entry} for i, entry in enumerate(tool_calls(call, output))]
+    deltas = [{"index": i, **entry} for i, entry in enumerate(tool_calls(output))]
     out["choices"][0]["delta"] = {"tool_calls": deltas}
     return out
 
