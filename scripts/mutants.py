@@ -147,6 +147,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_kv_layouts.py",),
     ),
     Mutant(
+        "grammar-mask-off-the-draft",
+        "the grammar mask (and penalty) left off the draft: q keeps forbidden tokens",
+        "rapid_integrations/engine.py",
+        'shaping.append(self._constraints(plan, self.draft, "the draft model"))',
+        "shaping.append(None)",
+        ("tests/test_grammar.py::test_eta_positive_first_token_follows_the_masked_law",),
+    ),
+    Mutant(
+        "grammar-matcher-not-rolled-back",
+        "the grammar matcher not rolled back to the kept drafts after a rejection",
+        "rapid_integrations/constraints.py",
+        "self._matcher.rollback(max(self._matched - kept, 0))",
+        "self._matcher.rollback(0)",
+        ("tests/test_grammar.py::test_eta0_greedy_equals_target_greedy_under_the_grammar",),
+    ),
+    Mutant(
         "prefix-cache-ignores-weights",
         "the prefix cache keyed by the model object only, not its weights",
         "rapid_integrations/prefix_cache.py",

@@ -27,6 +27,10 @@ REPEATS_CALLS = (
     'SmolLM2-135M repeats the forced call (3 identical valid calls, {"input": 3}, until the '
     'token limit); tool_choice="any" allows one or more calls and the test asserts exactly one'
 )
+ANSWERS_IN_TEXT = (
+    "under tool_choice 'auto' SmolLM2-135M answers the weather question in text instead of "
+    "calling get_weather (the grammar allows either); the test asserts a call"
+)
 ENDLESS_JOKE = (
     "SmolLM2-135M does not close the joke's JSON string (a repeated phrase runs into "
     "max_tokens), so the answer is cut off: OutputParserException with finish_reason='length'"
@@ -128,6 +132,11 @@ class TestChatRapidIntegration(NotOffered, ChatModelIntegrationTests):
     @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
     def test_tool_calling(self, model: BaseChatModel) -> None:
         super().test_tool_calling(model)
+
+    @pytest.mark.xfail(strict=True, raises=AssertionError, reason=ANSWERS_IN_TEXT)
+    @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
+    def test_agent_loop(self, model: BaseChatModel) -> None:
+        super().test_agent_loop(model)
 
     @pytest.mark.xfail(strict=True, raises=AssertionError, reason=REPEATS_CALLS)
     async def test_tool_calling_async(self, model: BaseChatModel) -> None:

@@ -27,6 +27,7 @@ from llamaindex_rapid import RapidLLM as LlamaIndexLLM
 from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine
 from tests.doc_examples import DOCS
 from tests.test_langchain_adapters import TokenCounter
+from tests.tiny import JSON_ALPHABET, char_tokenizer, tiny_llama
 
 PAGE = DOCS / "migration.md"
 PROMPT = "abc def"
@@ -237,6 +238,36 @@ def _chat_streaming(folder: Path, engine: RapidEngine) -> None:
     assert len(tokens.tokens) > 1 and "".join(tokens.tokens) == reply.content
 
 
+def _chat_tools(folder: Path, engine: RapidEngine) -> None:
+    """ChatHuggingFace's bind_tools / with_structured_output, by constrained decoding on a
+    tiny model that can write JSON: the calls are the engine's own, the answer validates."""
+    tok = char_tokenizer(JSON_ALPHABET + "\n")
+    json_engine = RapidEngine(tiny_llama(len(tok), seed=5, window=2048), tokenizer=tok)
+    spec = {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+                "required": ["a"],
+            },
+        },
+    }
+    chat = ChatRapid(engine=json_engine, max_tokens=150)
+    message = chat.bind_tools([spec], tool_choice="add").invoke("add")
+    out = json_engine.generate(
+        [{"role": "user", "content": "add"}], tools=[spec], tool_choice="add", max_new_tokens=150
+    )
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [
+        (c.name, c.arguments) for c in out.tool_calls
+    ]
+    assert len(message.tool_calls) == 1 and 0 <= message.tool_calls[0]["args"]["a"] <= 9
+    schema = spec["function"]["parameters"] | {"title": "add"}
+    answer = chat.with_structured_output(schema, method="json_schema").invoke("add")
+    assert set(answer) == {"a"} and 0 <= answer["a"] <= 9
+
+
 def _chat_model_kwargs(folder: Path, engine: RapidEngine) -> None:
     chat = ChatRapid(model=str(folder), model_kwargs={"attn_implementation": "eager"})
     assert chat.get_engine().target.config._attn_implementation == "eager"
@@ -395,6 +426,7 @@ CHECKS: dict[tuple[str, str], Check] = {
     ("ChatHuggingFace", "`top_p`"): _chat_field("top_p", 0.8, {"top_p": 0.8}),
     ("ChatHuggingFace", "`max_tokens`"): _chat_field("max_tokens", 9, {"max_new_tokens": 9}),
     ("ChatHuggingFace", "`model_kwargs`"): _chat_model_kwargs,
+    ("ChatHuggingFace", "`bind_tools`, `with_structured_output`"): _chat_tools,
     ("HuggingFaceLLM", "`model_name`"): _index_model_name,
     ("HuggingFaceLLM", "`model`"): _index_model,
     ("HuggingFaceLLM", "`tokenizer_name`"): _index_tokenizer_name,
