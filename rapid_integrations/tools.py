@@ -10,8 +10,9 @@ Tools come in the OpenAI shape `{"type": "function", "function": {"name", "descr
 and decoding is constrained to it by a grammar per `tool_choice`: "auto" (text, or calls of
 the given tools), "required" (one or more calls), a tool's name (one call of it), "none" (text
 without call markup). `parallel_tool_calls=False` (OpenAI's option) allows at most one call
-under "auto" and exactly one under "required": decoding ends after it. Tools reach the model through the tokenizer's chat template when it
-renders tools, else through `SYSTEM_PROMPT` in the system message.
+under "auto" and exactly one under "required": decoding ends after it. Tools reach the model
+through the tokenizer's chat template when it renders tools, else through `SYSTEM_PROMPT` in
+the system message.
 """
 
 from __future__ import annotations
