@@ -21,11 +21,10 @@ from langchain_rapid import ChatRapid
 from rapid_integrations import (
     Grammar,
     GrammarError,
-    RapidConfig,
     RapidEngine,
     RapidInputError,
 )
-from tests.tiny import JSON_ALPHABET, char_tokenizer, tiny_llama
+from tests.tiny import tool_engine
 
 
 @tool
@@ -57,10 +56,7 @@ MESSAGES = [{"role": "user", "content": PROMPT}]
 
 @pytest.fixture(scope="module")
 def engine() -> RapidEngine:
-    tok = char_tokenizer(JSON_ALPHABET + "\n")  # the call markup needs a newline
-    target = tiny_llama(len(tok), seed=5, window=2048)
-    draft = tiny_llama(len(tok), seed=6, layers=1, window=2048)
-    return RapidEngine(target, draft, tokenizer=tok, config=RapidConfig(max_new_tokens=120))
+    return tool_engine(5)
 
 
 @pytest.fixture

@@ -22,13 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from llamaindex_rapid import RapidLLM, StructuredOutputError
 from rapid_integrations import (
     GrammarError,
-    RapidConfig,
     RapidConfigError,
     RapidEngine,
     RapidError,
     RapidInputError,
 )
-from tests.tiny import JSON_ALPHABET, char_tokenizer, tiny_llama
+from tests.tiny import tool_engine
 
 
 def get_weather(city: Literal["paris", "rome"], days: Annotated[int, Field(ge=1, le=7)]) -> str:
@@ -60,10 +59,7 @@ class Forecast(BaseModel):
 
 @pytest.fixture(scope="module")
 def engine() -> RapidEngine:
-    tok = char_tokenizer(JSON_ALPHABET + "\n")
-    target = tiny_llama(len(tok), seed=11, window=2048)
-    draft = tiny_llama(len(tok), seed=12, layers=1, window=2048)
-    return RapidEngine(target, draft, tokenizer=tok, config=RapidConfig(max_new_tokens=120))
+    return tool_engine(11)
 
 
 @pytest.fixture

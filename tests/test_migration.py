@@ -27,7 +27,8 @@ from llamaindex_rapid import RapidLLM as LlamaIndexLLM
 from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine
 from tests.doc_examples import DOCS
 from tests.test_langchain_adapters import TokenCounter
-from tests.tiny import JSON_ALPHABET, char_tokenizer, tiny_llama
+from tests.test_tools import ADD
+from tests.tiny import tool_engine
 
 PAGE = DOCS / "migration.md"
 PROMPT = "abc def"
@@ -241,19 +242,8 @@ def _chat_streaming(folder: Path, engine: RapidEngine) -> None:
 def _chat_tools(folder: Path, engine: RapidEngine) -> None:
     """ChatHuggingFace's bind_tools / with_structured_output, by constrained decoding on a
     tiny model that can write JSON: the calls are the engine's own, the answer validates."""
-    tok = char_tokenizer(JSON_ALPHABET + "\n")
-    json_engine = RapidEngine(tiny_llama(len(tok), seed=5, window=2048), tokenizer=tok)
-    spec = {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
-                "required": ["a"],
-            },
-        },
-    }
+    json_engine = tool_engine(5)
+    spec = ADD
     chat = ChatRapid(engine=json_engine, max_tokens=150)
     message = chat.bind_tools([spec], tool_choice="add").invoke("add")
     out = json_engine.generate(

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import string
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    from rapid_integrations import RapidEngine
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}"
@@ -38,6 +42,17 @@ JSON_ALPHABET = string.ascii_lowercase + string.digits + ' .{}[]":,-_'
 def json_tokenizer() -> PreTrainedTokenizerFast:
     """A character tokenizer that can write JSON (id 0 is </s>)."""
     return char_tokenizer(JSON_ALPHABET)
+
+
+def tool_engine(seed: int) -> RapidEngine:
+    """A tiny target (`seed`) and draft (`seed + 1`) pair that can write JSON and the tool-call
+    markup (which needs a newline), with room for a call: the adapters' tool tests."""
+    from rapid_integrations import RapidConfig, RapidEngine
+
+    tok = char_tokenizer(JSON_ALPHABET + "\n")
+    target = tiny_llama(len(tok), seed=seed, window=2048)
+    draft = tiny_llama(len(tok), seed=seed + 1, layers=1, window=2048)
+    return RapidEngine(target, draft, tokenizer=tok, config=RapidConfig(max_new_tokens=120))
 
 
 def tiny_llama(
