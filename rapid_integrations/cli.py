@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .config import DTYPES, MODES, TRUNCATIONS, RapidConfig
+from .config import DRAFT_PRECISIONS, DTYPES, MODES, TRUNCATIONS, RapidConfig
 from .demo_data import demo_messages
 from .errors import (
     ContextWindowExceededError,
@@ -215,6 +215,15 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", dest="per_cell", type=int, help="tasks per kind and length")
     p.add_argument("--methods", type=_words, help="lc,rag,sd,rapid,hf,hf-pld")
     p.add_argument("--etas", type=_floats, help="eta values of rapid, e.g. 0,5,10")
+    p.add_argument(
+        "--variants", type=_words, help="rapid variants the QA suite adds: lookup,guard,adaptive"
+    )
+    p.add_argument("--variant-etas", type=_floats, help="eta values of the --variants")
+    p.add_argument(
+        "--draft-precision",
+        choices=DRAFT_PRECISIONS,
+        help="draft with a cheaper copy of the draft (int8-weight: torchao weight-only int8)",
+    )
     p.add_argument("--max-new-tokens", type=int, help="answer cap of QA runs")
     p.add_argument("--speed-tokens", type=int, help="tokens decoded by speed-only runs")
     p.add_argument("--speed-lengths", type=_ints, help="fixed-length speed runs ('' to skip)")
@@ -443,6 +452,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         per_cell=args.per_cell,
         methods=args.methods,
         etas=args.etas,
+        variants=args.variants,
+        variant_etas=args.variant_etas,
         max_new_tokens=args.max_new_tokens,
         speed_tokens=args.speed_tokens,
         speed_lengths=args.speed_lengths,
@@ -451,6 +462,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         tiny_models=args.tiny_models,
         model=args.model,
         draft=args.draft,
+        draft_precision=args.draft_precision,
         dtype=args.dtype,
         device=args.device,
         seed=args.seed,

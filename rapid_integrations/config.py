@@ -64,6 +64,8 @@ class RapidConfig:
     end_guard   where the target's most likely token is end-of-sequence, p_hat = p (not in the
                 paper: a draft on a short context would otherwise talk the target out of
                 stopping; see sampling.end_guard).
+    confidence_guard  where the target is at least as sure as the draft (max p >= max q),
+                p_hat = p (not in the paper; docs/algorithm.md section 2.4).
     prefix_cache_bytes bounds the KV kept across calls for prompts that share a prefix (the
     next question on the same document, the next chat turn); 0 disables reuse for the call.
     """
@@ -82,6 +84,7 @@ class RapidConfig:
     tail_guard: TailGuard = "paper"
     tail_ratio: float = 0.1
     end_guard: bool = True
+    confidence_guard: bool = False
     ignore_eos: bool = False
     prefill_chunk_size: int = 512
     truncation: Truncation = "error"
@@ -100,7 +103,9 @@ class RapidConfig:
     # draft_confidence_threshold  the draft stops proposing after a token whose draft
     #     probability q(x) is below it (0 = off; transformers' assistant_confidence_threshold);
     # adaptive_gamma  gamma starts at `gamma` and moves with acceptance: +2 after a pass that
-    #     accepted all it asked for, -1 after a rejection, within [1, gamma_max];
+    #     accepted all it asked for, -1 after a rejection, within [1, gamma_max]; "measured"
+    #     picks, after every pass, the gamma of most expected tokens per second from the
+    #     call's own timed plain step, draft steps, verify passes and recent acceptance;
     # speculate_min_context  prompts of fewer target tokens are decoded by the target alone
     #     (mode "lc": below some length a draft step costs too much to pay off; 0 = never);
     #     "auto" measures it on each call instead: one plain target step is timed, and the
@@ -110,7 +115,7 @@ class RapidConfig:
     #     the output; the model drafts where nothing matches (0 = off; a single token would
     #     match nearly always and leave the model nothing to draft).
     draft_confidence_threshold: float = 0.0
-    adaptive_gamma: bool = False
+    adaptive_gamma: bool | Literal["measured"] = False
     gamma_max: int = 32
     speculate_min_context: int | Literal["auto"] = 0
     lookup_ngram: int = 0
@@ -173,6 +178,7 @@ _CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("tail_ratio", lambda v: _real(v) and 0 <= v < 1, "must be in [0, 1)"),
     ("ignore_eos", lambda v: isinstance(v, bool), "must be a bool"),
     ("end_guard", lambda v: isinstance(v, bool), "must be a bool"),
+    ("confidence_guard", lambda v: isinstance(v, bool), "must be a bool"),
     ("prefill_chunk_size", lambda v: _int(v) and v >= 1, "must be an integer >= 1"),
     ("truncation", lambda v: v in TRUNCATIONS, one_of(TRUNCATIONS)),
     (
@@ -198,7 +204,11 @@ _CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 
 _DRAFTING_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("draft_confidence_threshold", lambda v: _real(v) and 0 <= v <= 1, "must be in [0, 1]"),
-    ("adaptive_gamma", lambda v: isinstance(v, bool), "must be a bool"),
+    (
+        "adaptive_gamma",
+        lambda v: isinstance(v, bool) or v == "measured",
+        "must be a bool or 'measured'",
+    ),
     ("gamma_max", lambda v: _int(v) and 1 <= v <= 64, "must be an integer in [1, 64]"),
     (
         "speculate_min_context",

@@ -117,56 +117,126 @@ def needs_q(config: RapidConfig) -> bool:
     return not (config.greedy and config.eta == 0)
 
 
+def expected_tokens(acceptance: float, gamma: int) -> float:
+    """Mean tokens one pass emits at a per-draft acceptance rate: accepted drafts plus the
+    token the target adds, (1 - a^(gamma + 1)) / (1 - a) (Leviathan et al. 2023)."""
+    if acceptance >= 1.0:
+        return gamma + 1.0
+    return (1.0 - acceptance ** (gamma + 1)) / (1.0 - acceptance)
+
+
+class PassCosts:
+    """What a call's own passes measured (seconds), for `GammaSchedule`.
+
+    plain_step: the first pass, the target alone reading one token; per drafted token, the
+    draft's seconds and what it adds to the verify pass; the per-draft acceptance rate of
+    recent passes (counts decayed by `DECAY` per pass, with one accept and one reject as prior,
+    so a few full acceptances do not read as certainty).
+    """
+
+    DECAY = 0.8
+    """Weight of earlier passes' counts: acceptance follows the text being written."""
+
+    def __init__(self) -> None:
+        self.plain_step: float | None = None
+        self._drafted, self._draft_seconds, self._verify_extra = 0, 0.0, 0.0
+        self._kept, self._missed = 0.0, 0.0
+
+    def record(
+        self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float
+    ) -> None:
+        """A pass that drafted `drafted` tokens (0: the plain step) and kept `accepted`."""
+        if self.plain_step is None or not drafted:
+            self.plain_step = self.plain_step or draft_seconds + verify_seconds
+            return
+        self._drafted += drafted
+        self._draft_seconds += draft_seconds
+        self._verify_extra += verify_seconds - self.plain_step
+        self._kept = self.DECAY * self._kept + accepted
+        self._missed = self.DECAY * self._missed + (accepted < drafted)
+
+    @property
+    def acceptance(self) -> float:
+        return (self._kept + 1) / (self._kept + self._missed + 2)
+
+    def best_gamma(self, gamma_max: int) -> int:
+        """The gamma in [1, gamma_max] with the most expected tokens per second:
+        E(gamma) / (gamma x (draft step + verify slope) + plain step)."""
+        assert self.plain_step is not None and self._drafted
+        per_draft = (self._draft_seconds + max(0.0, self._verify_extra)) / self._drafted
+        a = self.acceptance
+        return max(
+            range(1, gamma_max + 1),
+            key=lambda g: expected_tokens(a, g) / (g * per_draft + self.plain_step),
+        )
+
+
 class GammaSchedule:
     """How many drafts to ask for on the next pass (docs/algorithm.md section 2.9).
 
-    Fixed `gamma`, or with `adaptive_gamma` transformers' heuristic: +2 after a pass that
-    drafted and accepted all it asked for, -1 after a rejection, within [1, gamma_max]; a pass
-    whose drafter stopped early and was accepted whole leaves it unchanged.
+    `adaptive_gamma`: False, fixed `gamma`; True, transformers' heuristic: +2 after a pass
+    that drafted and accepted all it asked for, -1 after a rejection, within [1, gamma_max]
+    (a pass whose drafter stopped early and was accepted whole leaves it unchanged);
+    "measured", after every drafting pass the gamma of `PassCosts.best_gamma`.
 
-    With `speculate_min_context="auto"` the first pass is a plain target step (no drafts),
-    timed; after `PAYOFF_PASSES` drafting passes, the call stops drafting (gamma 0 for good)
-    while their tokens per second fall below the plain step's 1 / seconds. Speculation that
-    loses on this device at this length thus costs a few passes, not the whole call.
+    With `speculate_min_context="auto"` or a measured gamma the first pass is a plain target
+    step (no drafts), timed. With "auto", after `PAYOFF_PASSES` drafting passes the call stops
+    drafting (gamma 0 for good) while their tokens per second fall below the plain step's
+    1 / seconds: speculation that loses on this device at this length costs a few passes,
+    not the whole call.
     """
 
     PAYOFF_PASSES = 4
     """Drafting passes timed before they are judged: one pass's tokens vary too much."""
 
     def __init__(self, config: RapidConfig) -> None:
-        self._adaptive = config.adaptive_gamma
+        self._rule = config.adaptive_gamma
         self._max = config.gamma_max
-        self._gamma = min(config.gamma, self._max) if self._adaptive else config.gamma
+        self._gamma = min(config.gamma, self._max) if self._rule else config.gamma
         self._auto = config.speculate_min_context == "auto"
-        self._plain_step: float | None = None  # seconds of the timed plain target step
+        self._timed = self._auto or self._rule == "measured"
+        self.costs = PassCosts()
         self._passes, self._tokens, self._seconds = 0, 0, 0.0  # drafting passes, summed
         self.stopped = False  # speculation measured slower than the target alone
 
     @property
     def gamma(self) -> int:
-        if self._auto and (self._plain_step is None or self.stopped):
+        if self._timed and (self.costs.plain_step is None or self.stopped):
             return 0
         return self._gamma
 
-    def update(self, asked: int, drafted: int, accepted: int, seconds: float = 0.0) -> None:
+    def update(
+        self,
+        asked: int,
+        drafted: int,
+        accepted: int,
+        draft_seconds: float = 0.0,
+        verify_seconds: float = 0.0,
+    ) -> None:
         """After a pass that asked for `asked` drafts, got `drafted` and accepted `accepted`
-        (emitting accepted + 1 tokens) in `seconds` of wall time."""
-        if self._auto:
-            self._time(asked, accepted + 1, seconds)
-        if not self._adaptive or asked == 0:
+        (emitting accepted + 1 tokens), drafting for `draft_seconds` and verifying (the target
+        pass and the verdict) for `verify_seconds` of wall time."""
+        if self._timed:
+            self.costs.record(drafted if asked else 0, accepted, draft_seconds, verify_seconds)
+        if self._auto and asked:
+            self._judge(accepted + 1, draft_seconds + verify_seconds)
+        if not (asked and drafted):
             return
-        if accepted < drafted:
+        if self._rule == "measured":
+            self._gamma = self.costs.best_gamma(self._max)
+        elif self._rule and accepted < drafted:
             self._gamma = max(1, self._gamma - 1)
-        elif drafted == asked:
+        elif self._rule and drafted == asked:
             self._gamma = min(self._max, self._gamma + 2)
 
-    def _time(self, asked: int, emitted: int, seconds: float) -> None:
-        if asked == 0:
-            self._plain_step = self._plain_step or seconds
-            return
+    def _judge(self, emitted: int, seconds: float) -> None:
+        assert self.costs.plain_step is not None
         self._passes, self._tokens = self._passes + 1, self._tokens + emitted
         self._seconds += seconds
-        if self._passes >= self.PAYOFF_PASSES and self._tokens * self._plain_step < self._seconds:
+        if (
+            self._passes >= self.PAYOFF_PASSES
+            and self._tokens * self.costs.plain_step < self._seconds
+        ):
             self.stopped = True
 
 

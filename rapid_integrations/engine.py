@@ -81,6 +81,7 @@ def speculate(
         start = time.perf_counter()
         asked = min(schedule.gamma, budget() - 1) if proposer else 0
         x, q = proposer.propose(asked) if proposer and asked > 0 else (target.pending[:0], None)
+        drafted_at = time.perf_counter()
         gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)
         z = target.feed(x)
         if constraints:
@@ -92,7 +93,7 @@ def speculate(
             constraints.settle(n, token)
         if proposer:
             proposer.commit(n, gamma, token)
-        schedule.update(asked, gamma, n, time.perf_counter() - start)
+        schedule.update(asked, gamma, n, drafted_at - start, time.perf_counter() - drafted_at)
         stats.speculation_stopped = schedule.stopped
         stats.drafted_tokens += gamma
         stats.accepted_tokens += n

@@ -122,6 +122,18 @@ def end_guard(p_hat_rows: torch.Tensor, p: torch.Tensor, end_ids: torch.Tensor) 
     return torch.where(ends[:, None], p, p_hat_rows)
 
 
+def confidence_guard(p_hat_rows: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Rows where the target is at least as sure as the draft (max p >= max q) get p_hat = p,
+    [k, V] (docs/algorithm.md section 2.4).
+
+    Not in the paper: the shift eta (q - p) moves the target wherever the two disagree, also
+    where the target reads the answer plainly in its long context and the draft, on a few
+    retrieved passages, guesses; the guard lets the more confident of the two decide.
+    """
+    target_sure = p.amax(dim=-1) >= q.amax(dim=-1)
+    return torch.where(target_sure[:, None], p, p_hat_rows)
+
+
 def accepted_count(
     x: torch.Tensor, p_hat_x: torch.Tensor, q_x: torch.Tensor, u: torch.Tensor
 ) -> int:

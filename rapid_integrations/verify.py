@@ -3,8 +3,8 @@
 Terms (after vLLM's rejection sampler; docs/algorithm.md sections 2.3-2.7 and 3):
   p        the target's distribution per position, softmax(z / T) after top-p, [gamma + 1, V];
   q        the draft's sampling distribution at each drafted position (same T, top-p), [gamma, V];
-  p_hat    the retrieval-augmented target softmax(z / T + eta (q - p)), tail- and end-guarded,
-           [gamma, V]; it is p when eta = 0;
+  p_hat    the retrieval-augmented target softmax(z / T + eta (q - p)), tail-, confidence- and
+           end-guarded, [gamma, V]; it is p when eta = 0;
   accepted tokens   the drafts x_1..x_n kept, each with probability min(1, p_hat_i(x_i) / q_i(x_i))
            (greedy: iff x_i == argmax p_hat_i), left to right until the first rejection;
   rejected token    the first draft x_{n+1} not kept; every draft after it is discarded too;
@@ -20,7 +20,15 @@ from __future__ import annotations
 import torch
 
 from .config import RapidConfig
-from .sampling import accepted_count, check_finite, end_guard, log_probs, p_hat, residual
+from .sampling import (
+    accepted_count,
+    check_finite,
+    confidence_guard,
+    end_guard,
+    log_probs,
+    p_hat,
+    residual,
+)
 
 
 def verdict(
@@ -47,9 +55,11 @@ def verdict(
 def _augmented(
     logp: torch.Tensor, q: torch.Tensor, cfg: RapidConfig, end_ids: torch.Tensor | None
 ) -> torch.Tensor:
-    """p_hat for the draft rows, end guard applied: logp, q [gamma, V] -> [gamma, V]."""
-    ph = p_hat(logp, q, cfg.eta, cfg.tail_guard, cfg.tail_ratio)
-    return ph if end_ids is None else end_guard(ph, logp.exp(), end_ids)
+    """p_hat for the draft rows, confidence and end guards applied: logp, q [gamma, V] ->
+    [gamma, V]."""
+    ph, p = p_hat(logp, q, cfg.eta, cfg.tail_guard, cfg.tail_ratio), logp.exp()
+    ph = confidence_guard(ph, p, q) if cfg.confidence_guard else ph
+    return ph if end_ids is None else end_guard(ph, p, end_ids)
 
 
 def _greedy(

@@ -24,6 +24,7 @@ class Rules:
     tail_guard: str = "paper"  # "paper" | "draft" | "none"
     tail_ratio: float = 0.1
     end_ids: tuple[int, ...] = ()  # end guard (section 2.4) on when non-empty
+    confidence_guard: bool = False  # section 2.4: rows with max p >= max q keep p
 
 
 def softmax(a: np.ndarray) -> np.ndarray:
@@ -56,7 +57,8 @@ def target_p(z: np.ndarray, temperature: float, top_p: float) -> np.ndarray:
 
 
 def augmented(p: np.ndarray, q: np.ndarray, rules: Rules) -> np.ndarray:
-    """p_hat [k, V] (section 2.3) with the tail guard, then the end guard (section 2.4)."""
+    """p_hat [k, V] (section 2.3) with the tail guard, then the end and confidence guards
+    (section 2.4)."""
     with np.errstate(divide="ignore"):
         logp = np.log(p)
     shift = rules.eta * (q - p)
@@ -66,8 +68,10 @@ def augmented(p: np.ndarray, q: np.ndarray, rules: Rules) -> np.ndarray:
     if rules.tail_guard == "paper":
         out = np.where(out < rules.tail_ratio * out.max(axis=-1, keepdims=True), p, out)
         out = out / out.sum(axis=-1, keepdims=True)
-    ends = np.isin(p.argmax(axis=-1), list(rules.end_ids))
-    return np.where(ends[:, None], p, out)
+    keep_p = np.isin(p.argmax(axis=-1), list(rules.end_ids))
+    if rules.confidence_guard:
+        keep_p |= p.max(axis=-1) >= q.max(axis=-1)
+    return np.where(keep_p[:, None], p, out)
 
 
 def residual(p: np.ndarray, p_hat: np.ndarray, q: np.ndarray, rule: str) -> np.ndarray:

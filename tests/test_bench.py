@@ -140,9 +140,28 @@ def test_settings_presets_and_validation():
     assert labels[:3] == ["lc", "rag", "sd"] and labels[-2:] == ["hf", "hf-pld"]
     assert sum(m.name == "rapid" for m in quick.method_list()) == len(quick.etas)
     assert set(BenchSettings().methods) == set(METHODS)
-    for field, value in [("methods", ("lc", "nope")), ("lengths", (100,)), ("etas", (-1.0,))]:
+    bad = [
+        ("methods", ("lc", "nope")),
+        ("lengths", (100,)),
+        ("etas", (-1.0,)),
+        ("variant_etas", (-2.0,)),
+        ("draft_precision", "int4"),
+    ]
+    for field, value in bad:
         with pytest.raises(RapidConfigError, match=field):
             BenchSettings(**{field: value})
+
+
+def test_rapid_variants_join_the_qa_methods_at_their_etas():
+    sweep = BenchSettings.preset("eta-sweep")
+    guarded = [m for m in sweep.method_list() if m.variant == "guard"]
+    assert [m.eta for m in guarded] == list(sweep.variant_etas) and len(guarded) == 3
+    assert all(dict(m.options) == {"confidence_guard": True} for m in guarded)
+    assert guarded[0].label == "rapid eta=5 guard"
+    settings = BenchSettings(methods=("lc", "rapid"), etas=(5.0,), variants=("lookup",))
+    assert [m.label for m in settings.method_list()] == ["lc", "rapid eta=5", "rapid eta=5 lookup"]
+    with pytest.raises(RapidConfigError, match="variants"):
+        BenchSettings(variants=("turbo",))
 
 
 def test_method_labels():

@@ -26,6 +26,7 @@ SETTINGS = [
     {"adaptive_gamma": True, "gamma": 8, "gamma_max": 12, "draft_confidence_threshold": 0.3},
     {"lookup_ngram": 2},
     {"lookup_ngram": 3, "adaptive_gamma": True, "draft_confidence_threshold": 0.6},
+    {"adaptive_gamma": "measured", "gamma_max": 10, "speculate_min_context": "auto"},
 ]
 
 
@@ -84,6 +85,60 @@ def test_gamma_schedule_follows_the_heuristic():
     floor = GammaSchedule(RapidConfig(gamma=1, adaptive_gamma=True))
     floor.update(1, 1, 0)
     assert floor.gamma == 1
+
+
+def best_gamma_by_hand(acceptance: float, per_draft: float, plain: float, gamma_max: int) -> int:
+    """argmax over g of (1 + a + ... + a^g) / (g x per_draft + plain), written out."""
+    rates = [sum(acceptance**i for i in range(g + 1)) / (g * per_draft + plain) for g in range(65)]
+    return max(range(1, gamma_max + 1), key=rates.__getitem__)
+
+
+@pytest.mark.parametrize(
+    ("draft_step", "verify_extra", "accepted", "want_small"),
+    [(0.001, 0.0, 4, False), (0.05, 0.01, 1, True), (0.004, 0.002, 3, False)],
+)
+def test_measured_gamma_maximizes_expected_tokens_per_second(
+    draft_step, verify_extra, accepted, want_small
+):
+    """Passes of 4 drafts with `accepted` kept each: after every pass gamma is the argmax of
+    expected tokens per second at the decayed acceptance (prior 1 kept, 1 missed; decay 0.8)
+    and the measured costs (plain step 0.1 s)."""
+    schedule = GammaSchedule(RapidConfig(gamma=4, adaptive_gamma="measured", gamma_max=20))
+    assert schedule.gamma == 0  # the timed plain step comes first
+    schedule.update(0, 0, 0, 0.0, 0.1)
+    kept = missed = 0.0
+    for _ in range(6):
+        schedule.update(schedule.gamma, 4, accepted, 4 * draft_step, 0.1 + 4 * verify_extra)
+        kept, missed = 0.8 * kept + accepted, 0.8 * missed + (accepted < 4)
+        a = (kept + 1) / (kept + missed + 2)
+        want = best_gamma_by_hand(a, draft_step + verify_extra, 0.1, 20)
+        assert schedule.gamma == want
+    assert (schedule.gamma <= 2) is want_small
+
+
+def test_measured_gamma_shrinks_for_a_slow_draft_and_grows_for_a_slow_target(
+    tok, target, monkeypatch
+):
+    """The target's copy drafts (every draft accepted). Its steps slowed 30 ms against a tiny
+    target: one draft per pass pays best. The target slowed instead: gamma climbs to
+    gamma_max and the call needs a few passes. Both stay the target's greedy output."""
+    prompt, n = "abcdefghijkl" * 2, 30
+    want = reference_greedy(target, tok.encode(prompt), n, len(tok))
+    options = {"adaptive_gamma": "measured", "gamma_max": 12, "ignore_eos": True}
+    for slow, most_passes in [("draft", None), ("target", 6)]:
+        draft = copy.deepcopy(target)
+        engine = RapidEngine(
+            target, draft, tokenizer=tok, config=RapidConfig(eta=0.0, max_new_tokens=n, gamma=4)
+        )
+        with monkeypatch.context() as patch:
+            slowed(draft if slow == "draft" else target, 0.03, patch)
+            out = engine.generate(prompt, prompt, **options)
+        assert out.token_ids == want
+        passes = out.stats.target_forward_passes
+        if most_passes:
+            assert passes <= most_passes
+        else:  # the plain step, one pass of 4 drafts, then one draft a pass
+            assert out.stats.drafted_tokens == 4 + (passes - 2)
 
 
 @pytest.mark.parametrize(("threshold", "proposed"), [(0.0, 6), (1.0, 1)])
@@ -198,6 +253,7 @@ def test_auto_keeps_a_draft_that_pays(tok, target, monkeypatch):
     [
         ("draft_confidence_threshold", 1.5),
         ("adaptive_gamma", 1),
+        ("adaptive_gamma", "heuristic"),
         ("gamma_max", 0),
         ("gamma_max", 65),
         ("speculate_min_context", -1),

@@ -31,6 +31,7 @@ BAD_VALUES = {
     "tail_ratio": [1.0, -0.1],
     "ignore_eos": ["yes"],
     "end_guard": ["yes"],
+    "confidence_guard": ["yes", 1],
     "prefill_chunk_size": [0],
     "truncation": ["middle"],
     "retrieval_budget": [0],

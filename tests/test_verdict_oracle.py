@@ -151,6 +151,48 @@ def test_end_guard_rows_use_p():
         assert_law(run_verdicts(z, x, q, RapidConfig(eta=eta, temperature=1.0), ends), law)
 
 
+def test_confidence_guard_rows_use_p():
+    """Rows where the target is at least as sure as the draft (max p >= max q) get p_hat = p
+    (section 2.4); the others keep the shift. The steps mix both kinds of row."""
+    eta = 6.0
+    unguarded, rules = oracle.Rules(eta), oracle.Rules(eta, confidence_guard=True)
+    mixed = 0
+    for z, q, x in far_steps(unguarded, count=4):
+        sure = oracle.softmax(z[:GAMMA]).max(axis=-1) >= q.max(axis=-1)
+        mixed += int(sure.any() and not sure.all())
+        law = oracle.step_law(z, x, q, rules)
+        if sure.any():
+            moved = oracle.total_variation(
+                law.ravel()[None], oracle.step_law(z, x, q, unguarded).ravel()[None]
+            )[0]
+            assert moved > 0.02
+        cfg = RapidConfig(eta=eta, temperature=1.0, confidence_guard=True)
+        assert_law(run_verdicts(z, x, q, cfg), law)
+    assert mixed >= 2
+
+
+def test_greedy_confidence_guard_keeps_the_sure_targets_choice():
+    """Greedy, token for token: on a guarded row the target's argmax is accepted and emitted,
+    on the others argmax p_hat is."""
+    eta, guarded, shifted = 6.0, 0, 0
+    rules = oracle.Rules(eta, temperature=0.0, confidence_guard=True)
+    cfg = RapidConfig(eta=eta, temperature=0.0, confidence_guard=True)
+    for seed in range(40):
+        z, q, _ = synthetic(seed)
+        sure = oracle.softmax(z[:GAMMA]).max(axis=-1) >= q.max(axis=-1)
+        best = oracle.augmented(oracle.softmax(z[:GAMMA]), q, rules).argmax(-1)
+        unguarded = oracle.augmented(oracle.softmax(z[:GAMMA]), q, oracle.Rules(eta)).argmax(-1)
+        guarded += int((sure & (unguarded != z[:GAMMA].argmax(-1))).sum())
+        shifted += int((~sure & (best != z[:GAMMA].argmax(-1))).sum())
+        for n in range(GAMMA + 1):
+            x = best.copy()
+            if n < GAMMA:
+                x[n] = (best[n] + 1) % V
+            want = oracle.greedy_step(z, x, q, rules)
+            assert greedy_verdict(z, x, q, cfg) == want, (seed, n)
+    assert guarded > 5 and shifted > 5  # the guard changes choices, and leaves others shifted
+
+
 @pytest.mark.parametrize("guard", ["paper", "draft", "none"])
 def test_greedy_verdict_accepts_argmax_p_hat_and_emits_it(guard):
     """Section 3 at eta > 0, token for token, with the rejection at every row 0..gamma."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
+from ..drafting import expected_tokens
 from ..kv import KVState
 from ..prefix_cache import PrefixCache
 
@@ -58,13 +59,6 @@ class StepCosts:
             return self.target_step
         (k0, s0), (k1, s1) = points[-2:]
         return s1 + max(0.0, (s1 - s0) / (k1 - k0)) * (tokens - k1)
-
-
-def expected_tokens(acceptance: float, gamma: int) -> float:
-    """Mean tokens one pass emits: accepted drafts plus the token the target adds."""
-    if acceptance >= 1.0:
-        return gamma + 1.0
-    return (1.0 - acceptance ** (gamma + 1)) / (1.0 - acceptance)
 
 
 def speedup(costs: StepCosts, acceptance: float, gamma: int) -> float:

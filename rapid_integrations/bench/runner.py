@@ -27,7 +27,7 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from ..config import RapidConfig
+from ..config import DRAFT_PRECISIONS, RapidConfig, check_choice
 from ..engine import RapidEngine
 from ..errors import RapidConfigError
 from ..models import LoadOptions, ensure_default_model, load_model, resolve_dtype
@@ -58,6 +58,25 @@ SPEED_METHODS = (Method("lc"), Method("rapid", DEFAULT_ETA))
 TINY_METHODS = (Method("lc"), Method("sd"), Method("rapid", DEFAULT_ETA))
 
 
+ADAPTIVE = (
+    ("adaptive_gamma", True),
+    ("draft_confidence_threshold", 0.4),
+    ("speculate_min_context", "auto"),
+)
+"""The adaptive variant: gamma moves with acceptance, drafting stops below q(x) = 0.4 (the
+default of transformers' assistant_confidence_threshold), and the call stops drafting where
+its passes measure slower than a plain target step."""
+LOOKUP = (("lookup_ngram", 3),)
+VARIANTS: dict[str, tuple[tuple[str, Any], ...]] = {
+    "adaptive": ADAPTIVE,
+    "lookup": LOOKUP,
+    "adaptive+lookup": ADAPTIVE + LOOKUP,
+    "guard": (("confidence_guard", True),),
+}
+"""Named rapid variants (their `RapidConfig` overrides): `--long` runs the first three, and
+`--variants` adds any of them to the QA suite."""
+
+
 @dataclass(frozen=True)
 class BenchSettings:
     """What `rapid bench` runs. Lengths are nominal context sizes in tokens.
@@ -78,6 +97,8 @@ class BenchSettings:
     per_cell: int = 5
     methods: tuple[str, ...] = METHODS
     etas: tuple[float, ...] = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0)
+    variants: tuple[str, ...] = ()
+    variant_etas: tuple[float, ...] = (DEFAULT_ETA,)
     max_new_tokens: int = 48
     speed_tokens: int = 128
     speed_lengths: tuple[int, ...] = CONTEXT_LENGTHS
@@ -86,6 +107,7 @@ class BenchSettings:
     tiny_models: bool = False
     model: str | None = None
     draft: str | None = None
+    draft_precision: str | None = None
     dtype: str = "auto"
     device: str | None = None
     seed: int = 0
@@ -107,11 +129,15 @@ class BenchSettings:
         for name in ("lengths", "speed_lengths", "rope_lengths"):
             _require(name, all(n >= 256 for n in getattr(self, name)), "lengths >= 256")
         _require("lengths", bool(self.lengths), "at least one length")
-        _require("etas", self.etas and all(e >= 0 for e in self.etas), "values >= 0")
+        for name in ("etas", "variant_etas"):
+            _require(name, getattr(self, name) and min(getattr(self, name)) >= 0, "values >= 0")
+        _require("variants", set(self.variants) <= set(VARIANTS), f"names from {list(VARIANTS)}")
         for name in ("per_cell", "max_new_tokens", "speed_tokens"):
             _require(name, getattr(self, name) >= 1, "an integer >= 1")
         _require("gammas", all(1 <= g <= 64 for g in self.gammas), "integers in [1, 64]")
         _require("chunk_sizes", self.chunk_sizes and min(self.chunk_sizes) >= 1, "sizes >= 1")
+        if self.draft_precision is not None:
+            check_choice("draft_precision", self.draft_precision, DRAFT_PRECISIONS)
         presets = [n for n in ("quick", "long", "eta_sweep", "prefill") if getattr(self, n)]
         _require("preset", len(presets) <= 1, f"one preset at most, got {presets}")
 
@@ -125,15 +151,23 @@ class BenchSettings:
         return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
     def method_list(self) -> list[Method]:
-        """The methods to run, rapid expanded over `etas`."""
+        """The methods to run, rapid expanded over `etas` and its `variants` over
+        `variant_etas`."""
         return [
             method
             for name in METHODS
             if name in self.methods
-            for method in (
-                [Method(name, eta) for eta in self.etas] if name == "rapid" else [Method(name)]
-            )
+            for method in (self._rapid_methods() if name == "rapid" else [Method(name)])
         ]
+
+    def _rapid_methods(self) -> list[Method]:
+        plain = [Method("rapid", eta) for eta in self.etas]
+        named = [
+            Method("rapid", eta, name, VARIANTS[name])
+            for name in self.variants
+            for eta in self.variant_etas
+        ]
+        return plain + named
 
 
 def _require(name: str, ok: object, expected: str) -> None:
@@ -157,13 +191,15 @@ opt-in (`--lengths 16384,32768,65536`)."""
 ETA_SWEEP: dict[str, Any] = {
     "eta_sweep": True,
     "methods": ("lc", "rag", "rapid"),
-    "etas": (0.0, 1.0, 2.0, 5.0, 10.0, 20.0),
+    "etas": (0.0, 2.0, 5.0, 10.0, 20.0),
+    "variants": ("guard",),
+    "variant_etas": (5.0, 10.0, 20.0),
     "speed_lengths": (),
     "rope_lengths": (),
     "tiny_speed": False,
 }
 """The `--eta-sweep` preset: QA accuracy of lc, rag and rapid over eta at 2K, 4K and 8K, five
-tasks per cell; the methods of a task share its prompt KV (only answers are compared)."""
+tasks per cell, with the confidence guard (docs/algorithm.md section 2.4) at eta 5, 10, 20; the methods of a task share its prompt KV (only answers are compared)."""
 PRESETS: dict[str, dict[str, Any]] = {
     "full": {},
     "quick": QUICK,
@@ -171,18 +207,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "eta-sweep": ETA_SWEEP,
     "prefill": {"prefill": True, "lengths": (8192, 32768)},
 }
+LONG_VARIANTS = ("adaptive", "lookup", "adaptive+lookup")
 LONG_CACHE_BYTES = 1 << 33
 """Prefix cache bound of the long suite: a 64K prompt's KV must stay stored for the methods
 after `lc` (SmolLM2 bf16: 1.5 GB)."""
-ADAPTIVE = (
-    ("adaptive_gamma", True),
-    ("draft_confidence_threshold", 0.4),
-    ("speculate_min_context", "auto"),
-)
-"""The adaptive variant: gamma moves with acceptance, drafting stops below q(x) = 0.4 (the
-default of transformers' assistant_confidence_threshold), and the call stops drafting where
-its passes measure slower than a plain target step."""
-LOOKUP = (("lookup_ngram", 3),)
 
 
 def long_methods(settings: BenchSettings) -> list[Method]:
@@ -195,9 +223,7 @@ def long_methods(settings: BenchSettings) -> list[Method]:
         Method("sd"),
         Method("rapid", eta),
         *fixed,
-        Method("rapid", eta, "adaptive", ADAPTIVE),
-        Method("rapid", eta, "lookup", LOOKUP),
-        Method("rapid", eta, "adaptive+lookup", ADAPTIVE + LOOKUP),
+        *(Method("rapid", eta, name, VARIANTS[name]) for name in LONG_VARIANTS),
         Method("hf-pld"),
     ]
 
@@ -326,7 +352,8 @@ def _qa_engine(
         dtype, probe_seconds = choose_dtype(target, device)
         if draft is not None:
             draft.to(dtype)
-    return RapidEngine(target, draft, tokenizer), dtype, probe_seconds
+    engine = RapidEngine(target, draft, tokenizer, draft_precision=settings.draft_precision)
+    return engine, dtype, probe_seconds
 
 
 def _rope_engine(
@@ -340,7 +367,8 @@ def _rope_engine(
         "rope_type": rope_type,
         "factor": factor,
     }
-    return RapidEngine(model, tokenizer=engine.tokenizer)
+    precision = session.settings.draft_precision
+    return RapidEngine(model, tokenizer=engine.tokenizer, draft_precision=precision)
 
 
 def _engine_for(session: _Session, engine: RapidEngine, task: Task) -> RapidEngine:
