@@ -86,7 +86,7 @@ class RapidConfig:
     end_guard: bool = True
     confidence_guard: bool = False
     ignore_eos: bool = False
-    prefill_chunk_size: int = 512
+    prefill_chunk_size: int = 1024
     truncation: Truncation = "error"
     retrieval_budget: int | None = None
     retrieval_chunk_tokens: int = 512

@@ -130,12 +130,15 @@ class PassCosts:
 
     plain_step: the first pass, the target alone reading one token; per drafted token, the
     draft's seconds and what it adds to the verify pass; the per-draft acceptance rate of
-    recent passes (counts decayed by `DECAY` per pass, with one accept and one reject as prior,
-    so a few full acceptances do not read as certainty).
+    recent drafts: each verdict on a draft (kept, or the rejection) weighs `DECAY` times less
+    per later verdict, with one kept and one rejected as prior, so a few full acceptances do
+    not read as certainty.
     """
 
-    DECAY = 0.8
-    """Weight of earlier passes' counts: acceptance follows the text being written."""
+    DECAY = 0.97
+    """Weight lost per later verdict: acceptance follows the text being written, over about
+    the last 1 / (1 - DECAY) = 33 drafts whatever gamma is (a decay per pass would remember
+    fewer drafts at a small gamma, read a lower acceptance there and keep gamma small)."""
 
     def __init__(self) -> None:
         self.plain_step: float | None = None
@@ -152,8 +155,10 @@ class PassCosts:
         self._drafted += drafted
         self._draft_seconds += draft_seconds
         self._verify_extra += verify_seconds - self.plain_step
-        self._kept = self.DECAY * self._kept + accepted
-        self._missed = self.DECAY * self._missed + (accepted < drafted)
+        rejected = int(accepted < drafted)
+        fade = self.DECAY ** (accepted + rejected)
+        self._kept = fade * self._kept + accepted
+        self._missed = fade * self._missed + rejected
 
     @property
     def acceptance(self) -> float:

@@ -101,7 +101,8 @@ def test_measured_gamma_maximizes_expected_tokens_per_second(
     draft_step, verify_extra, accepted, want_small
 ):
     """Passes of 4 drafts with `accepted` kept each: after every pass gamma is the argmax of
-    expected tokens per second at the decayed acceptance (prior 1 kept, 1 missed; decay 0.8)
+    expected tokens per second at the decayed acceptance (prior 1 kept, 1 missed; decay 0.97
+    per verdict)
     and the measured costs (plain step 0.1 s)."""
     schedule = GammaSchedule(RapidConfig(gamma=4, adaptive_gamma="measured", gamma_max=20))
     assert schedule.gamma == 0  # the timed plain step comes first
@@ -109,7 +110,8 @@ def test_measured_gamma_maximizes_expected_tokens_per_second(
     kept = missed = 0.0
     for _ in range(6):
         schedule.update(schedule.gamma, 4, accepted, 4 * draft_step, 0.1 + 4 * verify_extra)
-        kept, missed = 0.8 * kept + accepted, 0.8 * missed + (accepted < 4)
+        verdicts = accepted + (accepted < 4)  # kept drafts and the rejection, if any
+        kept, missed = 0.97**verdicts * kept + accepted, 0.97**verdicts * missed + (accepted < 4)
         a = (kept + 1) / (kept + missed + 2)
         want = best_gamma_by_hand(a, draft_step + verify_extra, 0.1, 20)
         assert schedule.gamma == want
