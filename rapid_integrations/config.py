@@ -65,7 +65,9 @@ class RapidConfig:
                 paper: a draft on a short context would otherwise talk the target out of
                 stopping; see sampling.end_guard).
     confidence_guard  where the target is at least as sure as the draft (max p >= max q),
-                p_hat = p (not in the paper; docs/algorithm.md section 2.4).
+                p_hat = p (not in the paper; docs/algorithm.md section 2.4: measured, it keeps
+                RAPID's QA accuracy at least max(lc, rag) at every eta tried; False gives the
+                paper's p_hat).
     prefix_cache_bytes bounds the KV kept across calls for prompts that share a prefix (the
     next question on the same document, the next chat turn); 0 disables reuse for the call.
     """
@@ -84,7 +86,7 @@ class RapidConfig:
     tail_guard: TailGuard = "paper"
     tail_ratio: float = 0.1
     end_guard: bool = True
-    confidence_guard: bool = False
+    confidence_guard: bool = True
     ignore_eos: bool = False
     prefill_chunk_size: int = 1024
     truncation: Truncation = "error"

@@ -19,6 +19,10 @@ from .sampling import check_finite, log_probs
 
 
 class Proposer(Protocol):
+    copied: bool
+    """Whether the last proposal was copied, not drafted by a model (docs/algorithm.md
+    section 2.10): the verdict then checks it at eta = 0."""
+
     def propose(self, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft k tokens, 1 <= k <= `gamma`: ids [k] and their sampling distributions q [k, V]
         (None when the verdict does not need q: greedy with eta = 0)."""
@@ -31,6 +35,8 @@ class Proposer(Protocol):
 
 class ModelProposer:
     """Drafts with a causal LM over its own (short) prompt and KV cache."""
+
+    copied = False
 
     def __init__(
         self,
@@ -305,7 +311,7 @@ class LookupFirst:
         self.model = model
         self._need_q = needs_q(config)
         self._x = torch.zeros(0, dtype=torch.long)  # the last proposal
-        self._copied = False  # whether the lookup made it
+        self.copied = False  # whether the lookup made the last proposal
         self.lookup_drafted = 0
         self.lookup_accepted = 0
 
@@ -315,7 +321,7 @@ class LookupFirst:
 
     def propose(self, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         found = self.lookup.find(gamma) if gamma > 0 else []
-        self._copied = bool(found)
+        self.copied = bool(found)
         if not found:
             self._x, q = self.model.propose(gamma)
             return self._x, q
@@ -324,7 +330,7 @@ class LookupFirst:
 
     def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
         kept = torch.cat([self._x[:accepted], token.to(self._x.device)])
-        if self._copied:
+        if self.copied:
             self.model.observe(kept)
             self.lookup_drafted += gamma
             self.lookup_accepted += accepted

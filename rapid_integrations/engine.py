@@ -77,6 +77,7 @@ def speculate(
     shape the target's logits (docs/algorithm.md section 9; None: raw logits).
     """
     schedule = GammaSchedule(cfg)
+    exact = cfg.replace(eta=0.0)  # copied drafts are checked against p (section 2.10)
     while True:
         start = time.perf_counter()
         asked = min(schedule.gamma, budget() - 1) if proposer else 0
@@ -86,7 +87,8 @@ def speculate(
         z = target.feed(x)
         if constraints:
             z = constraints.apply(z, x)
-        n, token = verdict(z, x, q, cfg, gen, end_ids)
+        rules = exact if proposer and proposer.copied else cfg
+        n, token = verdict(z, x, q, rules, gen, end_ids)
         target.rollback(gamma - n)
         target.append(token)
         if constraints:

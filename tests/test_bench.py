@@ -154,10 +154,10 @@ def test_settings_presets_and_validation():
 
 def test_rapid_variants_join_the_qa_methods_at_their_etas():
     sweep = BenchSettings.preset("eta-sweep")
-    guarded = [m for m in sweep.method_list() if m.variant == "guard"]
-    assert [m.eta for m in guarded] == list(sweep.variant_etas) and len(guarded) == 3
-    assert all(dict(m.options) == {"confidence_guard": True} for m in guarded)
-    assert guarded[0].label == "rapid eta=5 guard"
+    paper = [m for m in sweep.method_list() if m.variant == "paper"]
+    assert [m.eta for m in paper] == list(sweep.variant_etas) and len(paper) == 3
+    assert all(dict(m.options) == {"confidence_guard": False} for m in paper)
+    assert paper[0].label == "rapid eta=5 paper"
     settings = BenchSettings(methods=("lc", "rapid"), etas=(5.0,), variants=("lookup",))
     assert [m.label for m in settings.method_list()] == ["lc", "rapid eta=5", "rapid eta=5 lookup"]
     with pytest.raises(RapidConfigError, match="variants"):

@@ -57,7 +57,12 @@ def assert_follows(counts: np.ndarray, law: np.ndarray) -> None:
 
 @pytest.fixture(scope="module")
 def engine(tok, target, draft):
-    return RapidEngine(target, draft, tokenizer=tok, config=RapidConfig(eta=0.0, temperature=1.0))
+    return RapidEngine(
+        target,
+        draft,
+        tokenizer=tok,
+        config=RapidConfig(eta=0.0, temperature=1.0, confidence_guard=False),
+    )
 
 
 @pytest.mark.parametrize("gamma", [1, 3])

@@ -161,7 +161,10 @@ def _continued_past_an_end(target, tok, prompt: str, ids: list[int]) -> bool:
 
 def test_end_guard_never_talks_the_target_out_of_stopping(tok, target, draft):
     engine = RapidEngine(
-        target, draft, tokenizer=tok, config=RapidConfig(eta=50.0, max_new_tokens=30)
+        target,
+        draft,
+        tokenizer=tok,
+        config=RapidConfig(eta=50.0, max_new_tokens=30, confidence_guard=False),
     )
     prompts = [a + b for a in "abcdefghijkl" for b in "abcdefghijkl"][:40]
     unguarded = 0

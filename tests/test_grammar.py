@@ -162,7 +162,8 @@ def masked_p(model, tok, ids: list[int], prefix: list[int] = ()) -> torch.Tensor
 
 @pytest.fixture(scope="module")
 def sampler(jtok, jtarget, jdraft):
-    return RapidEngine(jtarget, jdraft, tokenizer=jtok, config=RapidConfig(temperature=1.0))
+    cfg = RapidConfig(temperature=1.0, confidence_guard=False)  # the paper's p_hat (section 2.3)
+    return RapidEngine(jtarget, jdraft, tokenizer=jtok, config=cfg)
 
 
 @pytest.mark.parametrize("gamma", [1, 3])

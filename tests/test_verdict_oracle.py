@@ -102,7 +102,9 @@ def test_sampled_verdict_follows_the_oracle(residual, guard):
         assert far_from_p(z, q, rules).min() > 0.2
         law = oracle.step_law(z, x, q, rules)
         assert law[:GAMMA].sum() > 0.3 and law[1:].sum() > 0.3  # rejections at several rows
-        cfg = RapidConfig(eta=eta, temperature=1.0, residual=residual, tail_guard=guard)
+        cfg = RapidConfig(
+            eta=eta, temperature=1.0, residual=residual, tail_guard=guard, confidence_guard=False
+        )
         assert_law(run_verdicts(z, x, q, cfg), law)
 
 
@@ -115,7 +117,9 @@ def test_sampled_verdict_at_temperature_and_top_p(residual):
         p = oracle.target_p(z, temperature, top_p)
         assert ((p > 0).sum(axis=-1) < V).all()  # the nucleus cuts every row
         assert far_from_p(z, q, rules).min() > 0.2
-        cfg = RapidConfig(eta=eta, temperature=temperature, top_p=top_p, residual=residual)
+        cfg = RapidConfig(
+            eta=eta, temperature=temperature, top_p=top_p, residual=residual, confidence_guard=False
+        )
         assert_law(run_verdicts(z, x, q, cfg), oracle.step_law(z, x, q, rules))
 
 
@@ -131,7 +135,10 @@ def test_accepted_drafts_reach_the_bonus_row():
         x = oracle.augmented(oracle.softmax(z[:GAMMA]), q, rules).argmax(axis=-1)
         law = oracle.step_law(z, x, q, rules)
         assert law[GAMMA].sum() > 0.3
-        assert_law(run_verdicts(z, x, q, RapidConfig(eta=eta, temperature=1.0)), law)
+        assert_law(
+            run_verdicts(z, x, q, RapidConfig(eta=eta, temperature=1.0, confidence_guard=False)),
+            law,
+        )
 
 
 def test_end_guard_rows_use_p():
@@ -148,7 +155,12 @@ def test_end_guard_rows_use_p():
             )[0]
             > 0.05
         )
-        assert_law(run_verdicts(z, x, q, RapidConfig(eta=eta, temperature=1.0), ends), law)
+        assert_law(
+            run_verdicts(
+                z, x, q, RapidConfig(eta=eta, temperature=1.0, confidence_guard=False), ends
+            ),
+            law,
+        )
 
 
 def test_confidence_guard_rows_use_p():
@@ -210,7 +222,7 @@ def test_greedy_verdict_accepts_argmax_p_hat_and_emits_it(guard):
                 x[n] = best_p[n] if best_p[n] != best_hat[n] else (best_hat[n] + 1) % V
             want = oracle.greedy_step(z, x, q, rules)
             assert want[0] == n
-            cfg = RapidConfig(eta=eta, temperature=0.0, tail_guard=guard)
+            cfg = RapidConfig(eta=eta, temperature=0.0, tail_guard=guard, confidence_guard=False)
             assert greedy_verdict(z, x, q, cfg) == want, (seed, n)
     assert differs > 40  # argmax p_hat is often not argmax p: the test tells them apart
 
@@ -224,5 +236,5 @@ def test_greedy_end_guard_keeps_the_targets_choice():
         x = np.full(GAMMA, (int(z[0].argmax()) + 1) % V)  # rejected at row 0
         want = oracle.greedy_step(z, x, q, rules)
         assert want == (0, int(z[0].argmax()))
-        cfg = RapidConfig(eta=eta, temperature=0.0)
+        cfg = RapidConfig(eta=eta, temperature=0.0, confidence_guard=False)
         assert greedy_verdict(z, x, q, cfg, ends) == want

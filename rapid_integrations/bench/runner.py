@@ -69,7 +69,7 @@ VARIANTS: dict[str, tuple[tuple[str, Any], ...]] = {
     "adaptive": ADAPTIVE,
     "lookup": LOOKUP,
     "adaptive+lookup": ADAPTIVE + LOOKUP,
-    "guard": (("confidence_guard", True),),
+    "paper": (("confidence_guard", False),),
 }
 """Named rapid variants (their `RapidConfig` overrides): `--long` runs the first three, and
 `--variants` adds any of them to the QA suite."""
@@ -190,14 +190,15 @@ ETA_SWEEP: dict[str, Any] = {
     "eta_sweep": True,
     "methods": ("lc", "rag", "rapid"),
     "etas": (0.0, 2.0, 5.0, 10.0, 20.0),
-    "variants": ("guard",),
+    "variants": ("paper",),
     "variant_etas": (5.0, 10.0, 20.0),
     "speed_lengths": (),
     "rope_lengths": (),
     "tiny_speed": False,
 }
 """The `--eta-sweep` preset: QA accuracy of lc, rag and rapid over eta at 2K, 4K and 8K, five
-tasks per cell, with the confidence guard (docs/algorithm.md section 2.4) at eta 5, 10, 20; the methods of a task share its prompt KV (only answers are compared)."""
+tasks per cell (the default p_hat, confidence-guarded), and the paper's p_hat (no confidence
+guard, docs/algorithm.md section 2.4) at eta 5, 10, 20; the methods of a task share its prompt KV (only answers are compared)."""
 PRESETS: dict[str, dict[str, Any]] = {
     "full": {},
     "quick": QUICK,
