@@ -62,8 +62,8 @@ ADAPTIVE = (("adaptive_gamma", "measured"), ("speculate_min_context", "auto"))
 """The adaptive variant: gamma is the argmax of expected tokens per second from the call's
 own timed costs and recent acceptance, and the call stops drafting where its passes measure
 slower than a plain target step (docs/algorithm.md section 2.9). No confidence stop: with
-eta > 0 the target leans toward the draft, so doubtful drafts are still kept (measured: the
-stop at transformers' 0.4 cut the 8K speed run from 1.73x to 1.38x lc)."""
+eta > 0 the target leans toward the draft, so doubtful drafts are still kept (one 8K speed
+run: transformers' heuristic with its 0.4 stop 1.23x lc, this variant 1.39x; docs/performance.md)."""
 LOOKUP = (("lookup_ngram", 3),)
 VARIANTS: dict[str, tuple[tuple[str, Any], ...]] = {
     "adaptive": ADAPTIVE,
@@ -198,7 +198,8 @@ ETA_SWEEP: dict[str, Any] = {
 }
 """The `--eta-sweep` preset: QA accuracy of lc, rag and rapid over eta at 2K, 4K and 8K, five
 tasks per cell (the default p_hat, confidence-guarded), and the paper's p_hat (no confidence
-guard, docs/algorithm.md section 2.4) at eta 5, 10, 20; the methods of a task share its prompt KV (only answers are compared)."""
+guard, docs/algorithm.md section 2.4) at eta 5, 10, 20; the methods of a task share its prompt
+KV (only answers are compared)."""
 PRESETS: dict[str, dict[str, Any]] = {
     "full": {},
     "quick": QUICK,
