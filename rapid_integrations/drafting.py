@@ -309,7 +309,8 @@ class LookupFirst:
     def __init__(self, lookup: LookupProposer, model: ModelProposer, config: RapidConfig) -> None:
         self.lookup = lookup
         self.model = model
-        self._need_q = needs_q(config)
+        # Copies are verified at eta 0 (section 2.10): their one-hot q matters only when sampling.
+        self._copy_needs_q = needs_q(config.replace(eta=0.0))
         self._x = torch.zeros(0, dtype=torch.long)  # the last proposal
         self.copied = False  # whether the lookup made the last proposal
         self.lookup_drafted = 0
@@ -326,7 +327,7 @@ class LookupFirst:
             self._x, q = self.model.propose(gamma)
             return self._x, q
         self._x = torch.tensor(found, dtype=torch.long, device=self.model.state.pending.device)
-        return self._x, (self.lookup.one_hot(self._x) if self._need_q else None)
+        return self._x, (self.lookup.one_hot(self._x) if self._copy_needs_q else None)
 
     def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
         kept = torch.cat([self._x[:accepted], token.to(self._x.device)])
