@@ -115,12 +115,15 @@ class RapidConfig:
     # lookup_ngram  > 0 drafts by copying first: the continuation of the latest earlier
     #     occurrence of the last n tokens (n = lookup_ngram down to 2) in C^S, the prompt and
     #     the output; the model drafts where nothing matches (0 = off; a single token would
-    #     match nearly always and leave the model nothing to draft).
+    #     match nearly always and leave the model nothing to draft);
+    # lookup_tokens  the most tokens one copy proposes (transformers' prompt_lookup_num_tokens):
+    #     unlike the model's gamma drafts, copies cost no draft steps.
     draft_confidence_threshold: float = 0.0
     adaptive_gamma: bool | Literal["measured"] = False
     gamma_max: int = 32
     speculate_min_context: int | Literal["auto"] = 0
     lookup_ngram: int = 0
+    lookup_tokens: int = 10
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -222,4 +225,5 @@ _DRAFTING_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
         lambda v: _int(v) and (v == 0 or 2 <= v <= 8),
         "must be 0 (off) or an integer in [2, 8]",
     ),
+    ("lookup_tokens", lambda v: _int(v) and 1 <= v <= 64, "must be an integer in [1, 64]"),
 )

@@ -21,11 +21,13 @@ from .sampling import check_finite, log_probs
 class Proposer(Protocol):
     copied: bool
     """Whether the last proposal was copied, not drafted by a model (docs/algorithm.md
-    section 2.10): the verdict then checks it at eta = 0."""
+    section 2.10): the verdict then treats its proposal as one-hot (`verify.verdict`)."""
 
-    def propose(self, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft k tokens, 1 <= k <= `gamma`: ids [k] and their sampling distributions q [k, V]
-        (None when the verdict does not need q: greedy with eta = 0)."""
+    def propose(self, gamma: int, room: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft k tokens, 0 <= k <= max(gamma, room): ids [k] and the draft model's
+        distributions q at their positions, [k, V] (copies: [k + 1, V] or None; None when the
+        verdict does not need q, see `needs_q`). A model drafts at most `gamma` (0: none);
+        copies, which cost no draft step, may run to `room`."""
         ...
 
     def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
@@ -50,11 +52,15 @@ class ModelProposer:
         self._cfg = config
         self._gen = generator
         self._need_q = needs_q(config)
-        self._last = state.pending[:0]  # [1] x_gamma of the last proposal, never fed to the draft
+        self._x = state.pending[:0]  # [k] the last proposal
+        self._fed = 0  # how many of its tokens the draft has read (x_k never is, once drafted)
 
-    def propose(self, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def propose(self, gamma: int, room: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft ids x [k] (int64) and q [k, V] (None unless needed), k <= gamma: fewer when
-        the confidence threshold stops drafting early. See `Proposer`."""
+        the confidence threshold stops drafting early. See `Proposer` (`room` is for copies)."""
+        if gamma == 0:
+            self._x, self._fed = self._x[:0], 0
+            return self._x, None
         logits = self.state.feed()[-1]  # [V]
         xs, qs, rows = [], [], []
         for i in range(gamma):
@@ -68,12 +74,12 @@ class ModelProposer:
                 logits = self.state.feed(x)[-1]
             else:
                 break
-        self._last = xs[-1]
+        self._x, self._fed = torch.cat(xs), len(xs) - 1
         if not self._need_q:
             # log_probs checks the logits whenever q is computed; once per proposal here, as a
             # check per step would wait on the device between draft steps.
             check_finite(torch.stack(rows), "the draft model")
-        return torch.cat(xs), (torch.stack(qs) if self._need_q else None)
+        return self._x, (torch.stack(qs) if self._need_q else None)
 
     def _shaped(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [V] through the call's constraints (docs/algorithm.md section 9); the
@@ -85,11 +91,17 @@ class ModelProposer:
     def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One draft token [1] from logits [V], with q [V] when needed."""
         if self._cfg.greedy:
-            q = log_probs(logits[None], 0.0, 1.0)[0].exp() if self._need_q else None
+            q = self._q(logits[None])[0] if self._need_q else None
             return logits.argmax(-1, keepdim=True), q
-        cfg = self._cfg
-        q = log_probs(logits[None], cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)[0].exp()
+        q = self._q(logits[None])[0]
         return torch.multinomial(q, 1, generator=self._gen), q
+
+    def _q(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft's sampling distributions [k, V] from logits [k, V] (greedy: T = 1)."""
+        cfg = self._cfg
+        if cfg.greedy:
+            return log_probs(logits, 0.0, 1.0).exp()
+        return log_probs(logits, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p).exp()
 
     def _confident(self, logits: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None) -> bool:
         """Whether to draft past `x`: its draft probability reaches the confidence threshold
@@ -100,6 +112,13 @@ class ModelProposer:
         probs = q if q is not None else torch.softmax(logits.float(), dim=-1)
         return bool(probs[x] >= threshold)
 
+    def guide(self, x: torch.Tensor) -> torch.Tensor:
+        """q [k + 1, V] at the positions of x [k] (copies) and one past them: the draft reads
+        its pending tokens and x in one pass, and picks none of them."""
+        rows = self.state.feed(x)[-(x.numel() + 1) :]  # [k + 1, V]
+        self._x, self._fed = x, x.numel()
+        return self._q(rows)
+
     def observe(self, tokens: torch.Tensor) -> None:
         """Commit `tokens` ([k] ids) that another proposer drafted: read on the next propose."""
         self.state.append(tokens)
@@ -108,14 +127,9 @@ class ModelProposer:
         """Roll the draft cache back to the kept drafts and queue `token` [1] (int64) after them."""
         if self._constraints is not None:
             self._constraints.settle(accepted, token)
-        # The draft has read its pending tokens and x_1..x_{gamma-1}; x_gamma was never fed.
-        if accepted < gamma:
-            self.state.rollback(gamma - 1 - accepted)
-            self.state.append(token)
-        elif gamma == 0:
-            self.state.append(token)
-        else:
-            self.state.append(torch.cat([self._last, token.to(self._last.device)]))
+        # The draft has read its pending tokens and x_1..x_fed of the last proposal.
+        self.state.rollback(max(0, self._fed - accepted))
+        self.state.append(torch.cat([self._x[self._fed : accepted], token.to(self._x.device)]))
 
 
 def needs_q(config: RapidConfig) -> bool:
@@ -211,10 +225,14 @@ class GammaSchedule:
         self.stopped = False  # speculation measured slower than the target alone
 
     @property
+    def drafting(self) -> bool:
+        """False while the plain step is still to be timed: that pass proposes nothing."""
+        return not (self._timed and self.costs.plain_step is None)
+
+    @property
     def gamma(self) -> int:
-        if self._timed and (self.costs.plain_step is None or self.stopped):
-            return 0
-        return self._gamma
+        """Drafts the model may propose next (0: none; copies may still be proposed)."""
+        return 0 if self.stopped or not self.drafting else self._gamma
 
     def update(
         self,
@@ -254,15 +272,14 @@ class GammaSchedule:
 class LookupProposer:
     """Drafts by copying (docs/algorithm.md section 2.10): where the last n tokens of the
     sequence occurred before (n = `ngram` down to 2), propose what followed their latest
-    earlier occurrence. Its q is one-hot on each proposed id.
+    earlier occurrence. Its proposal is one-hot on each proposed id.
 
     `corpus`: ids searched besides the sequence itself (C^S); `sequence`: the target's ids so
     far (the prompt); committed tokens extend it. Lookups are O(ngram) dict probes.
     """
 
-    def __init__(self, corpus: list[int], sequence: list[int], ngram: int, vocab: int) -> None:
+    def __init__(self, corpus: list[int], sequence: list[int], ngram: int) -> None:
         self._ngram = ngram
-        self._vocab = vocab
         self._tokens: list[int] = []
         # n-gram -> index of the token that followed its latest occurrence
         self._next: dict[tuple[int, ...], int] = {}
@@ -278,39 +295,35 @@ class LookupProposer:
                 self._next[tuple(self._tokens[i - n : i])] = i
             self._tokens.append(token)
 
-    def find(self, gamma: int) -> list[int]:
-        """Up to `gamma` ids continuing the sequence's longest matched suffix ([] if none)."""
+    def find(self, room: int) -> list[int]:
+        """Up to `room` ids continuing the sequence's longest matched suffix ([] if none)."""
         end = len(self._tokens)
         for n in range(self._ngram, 1, -1):
             if end - n < self._start:
                 continue
             at = self._next.get(tuple(self._tokens[end - n :]))
             if at is not None:
-                return self._tokens[at : at + gamma]
+                return self._tokens[at : at + room]
         return []
 
     def extend(self, tokens: torch.Tensor) -> None:
         """Commit `tokens` ([k] ids) to the sequence."""
         self._extend(tokens.tolist())
 
-    def one_hot(self, x: torch.Tensor) -> torch.Tensor:
-        """q [k, V] of the proposals `x` [k]: all mass on each proposed id."""
-        q = torch.zeros(x.numel(), self._vocab, dtype=torch.float32, device=x.device)
-        return q.scatter_(1, x[:, None], 1.0)
-
 
 class LookupFirst:
     """The composite proposer: the lookup drafts where it finds a match, the model elsewhere.
 
-    The model's cache falls behind while the lookup drafts; the tokens kept meanwhile are
+    With eta > 0 the model reads each copied pass (`ModelProposer.guide`), so that every
+    verdict has its q (docs/algorithm.md section 2.10). With eta = 0 the verdict needs none:
+    the model's cache falls behind while the lookup drafts, and the tokens kept meanwhile are
     handed to it (`ModelProposer.observe`) and read on its next proposal.
     """
 
     def __init__(self, lookup: LookupProposer, model: ModelProposer, config: RapidConfig) -> None:
         self.lookup = lookup
         self.model = model
-        # Copies are verified at eta 0 (section 2.10): their one-hot q matters only when sampling.
-        self._copy_needs_q = needs_q(config.replace(eta=0.0))
+        self._guided = config.eta > 0
         self._x = torch.zeros(0, dtype=torch.long)  # the last proposal
         self.copied = False  # whether the lookup made the last proposal
         self.lookup_drafted = 0
@@ -320,21 +333,22 @@ class LookupFirst:
     def state(self) -> KVState:
         return self.model.state
 
-    def propose(self, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        found = self.lookup.find(gamma) if gamma > 0 else []
+    def propose(self, gamma: int, room: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        found = self.lookup.find(room)
         self.copied = bool(found)
         if not found:
             self._x, q = self.model.propose(gamma)
             return self._x, q
         self._x = torch.tensor(found, dtype=torch.long, device=self.model.state.pending.device)
-        return self._x, (self.lookup.one_hot(self._x) if self._copy_needs_q else None)
+        return self._x, (self.model.guide(self._x) if self._guided else None)
 
     def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
         kept = torch.cat([self._x[:accepted], token.to(self._x.device)])
         if self.copied:
-            self.model.observe(kept)
             self.lookup_drafted += gamma
             self.lookup_accepted += accepted
+        if self.copied and not self._guided:
+            self.model.observe(kept)
         else:
             self.model.commit(accepted, gamma, token)
         self.lookup.extend(kept)

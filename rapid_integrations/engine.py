@@ -77,25 +77,27 @@ def speculate(
     shape the target's logits (docs/algorithm.md section 9; None: raw logits).
     """
     schedule = GammaSchedule(cfg)
-    exact = cfg.replace(eta=0.0)  # copied drafts are checked against p (section 2.10)
     while True:
         start = time.perf_counter()
-        asked = min(schedule.gamma, budget() - 1) if proposer else 0
-        x, q = proposer.propose(asked) if proposer and asked > 0 else (target.pending[:0], None)
+        left = budget() - 1 if proposer and schedule.drafting else 0
+        asked, room = min(schedule.gamma, left), min(cfg.lookup_tokens, left)
+        x, q = proposer.propose(asked, room) if left > 0 else (target.pending[:0], None)
+        copied = bool(proposer and proposer.copied)
         drafted_at = time.perf_counter()
         gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)
         z = target.feed(x)
         if constraints:
             z = constraints.apply(z, x)
-        rules = exact if proposer and proposer.copied else cfg
-        n, token = verdict(z, x, q, rules, gen, end_ids)
+        n, token = verdict(z, x, q, cfg, gen, end_ids, copied)
         target.rollback(gamma - n)
         target.append(token)
         if constraints:
             constraints.settle(n, token)
         if proposer:
             proposer.commit(n, gamma, token)
-        schedule.update(asked, gamma, n, drafted_at - start, time.perf_counter() - drafted_at)
+        if not copied:  # the schedule times the model's drafts (section 2.10)
+            seconds = drafted_at - start, time.perf_counter() - drafted_at
+            schedule.update(asked, gamma, n, *seconds)
         stats.speculation_stopped = schedule.stopped
         stats.drafted_tokens += gamma
         stats.accepted_tokens += n
@@ -329,7 +331,7 @@ class RapidEngine:
             # The lookup's copies bypass the draft's constraints (its matcher and history
             # would fall behind), so it drafts only for calls with nothing to shape.
             if cfg.lookup_ngram and shaping[-1] is None:
-                lookup = LookupProposer(plan.draft_ids, plan.ids, cfg.lookup_ngram, self.vocab_size)
+                lookup = LookupProposer(plan.draft_ids, plan.ids, cfg.lookup_ngram)
                 proposer = LookupFirst(lookup, proposer, cfg)
         decode_start = time.perf_counter()
         stats.prefill_seconds = decode_start - start

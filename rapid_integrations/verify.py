@@ -10,8 +10,12 @@ Terms (after vLLM's rejection sampler; docs/algorithm.md sections 2.3-2.7 and 3)
   rejected token    the first draft x_{n+1} not kept; every draft after it is discarded too;
   recovered (residual) token   the one token drawn after a rejection at row n, from the
            residual of p_n, p_hat_n and q_n (greedy: argmax p_hat_n);
-  bonus token       the token drawn from p at row gamma (the row past the last draft) when all
-           gamma drafts are accepted; no q exists there, so p_hat = p.
+  bonus token       the token drawn at row gamma (the row past the last draft) when all
+           gamma drafts are accepted: from p, as a model draft has no q there, so p_hat = p;
+  copied drafts     drafts copied by the lookup (section 2.10), not drawn from q: their
+           proposal is one-hot, so x_i is kept with probability p_hat_i(x_i) and the recovered
+           token is drawn from p_hat_n without x_n; q only shapes p_hat, and may have a row
+           for the bonus position too, which then draws from p_hat there.
 Each target pass emits accepted tokens + one recovered or bonus token.
 """
 
@@ -38,18 +42,22 @@ def verdict(
     cfg: RapidConfig,
     gen: torch.Generator,
     end_ids: torch.Tensor | None = None,
+    copied: bool = False,
 ) -> tuple[int, torch.Tensor]:
     """Accept a prefix of the drafts and pick the next token.
 
     z: [gamma + 1, V] target logits at the drafts' positions and one past them;
-    x: [gamma] draft ids; q: [gamma, V] draft distributions (None when greedy with eta = 0);
-    end_ids: end-of-sequence ids for `sampling.end_guard` (None: no guard).
+    x: [gamma] draft ids; q: [gamma, V] draft distributions (None when greedy with eta = 0;
+    copied: None whenever eta = 0, else [gamma, V] or [gamma + 1, V], the draft model's);
+    end_ids: end-of-sequence ids for `sampling.end_guard` (None: no guard);
+    copied: x was copied, not drawn from q (see the module's terms).
     Returns (n accepted, the token [1] emitted after them).
     """
-    x, q = x.to(z.device), (None if q is None else q.to(z.device))
+    x = x.to(z.device)
+    q = None if q is None or (copied and cfg.eta == 0) else q.to(z.device)
     if cfg.greedy:
         return _greedy(z, x, q, cfg, end_ids)
-    return _sampled(z, x, q, cfg, gen, end_ids)
+    return _sampled(z, x, q, cfg, gen, end_ids, copied)
 
 
 def _augmented(
@@ -71,16 +79,17 @@ def _greedy(
 ) -> tuple[int, torch.Tensor]:
     """`verdict` at temperature 0; shapes as there (q may be None only when eta = 0)."""
     # docs/algorithm.md section 3: accept iff x_i == argmax p_hat_i (T = 1 softmaxes); emit argmax p_hat on
-    # rejection; the bonus position has no q, so p_hat = p there.
+    # rejection; at the bonus position p_hat = p unless q has a row there (copies).
+    # A copy is kept iff it is argmax p_hat too: its one-hot proposal changes nothing greedy.
     # argmax p is argmax z; taken on z, logits closer than log_softmax's rounding stay apart,
     # so eta = 0 picks exactly the target's own greedy token.
     check_finite(z)
     y = z.argmax(-1)
     gamma = x.numel()
-    if q is not None and gamma:
+    if q is not None and len(q):
         # The full-vocabulary softmax is needed only when p_hat differs from p.
-        logp = log_probs(z[:gamma], 0.0, 1.0)
-        y[:gamma] = _augmented(logp, q, cfg, end_ids).argmax(-1)
+        rows = len(q)
+        y[:rows] = _augmented(log_probs(z[:rows], 0.0, 1.0), q, cfg, end_ids).argmax(-1)
     mismatch = (y[:gamma] != x).int()
     n = int(mismatch.argmax()) if bool(mismatch.any()) else gamma
     return n, y[n : n + 1]
@@ -93,10 +102,14 @@ def _sampled(
     cfg: RapidConfig,
     gen: torch.Generator,
     end_ids: torch.Tensor | None,
+    copied: bool,
 ) -> tuple[int, torch.Tensor]:
-    """`verdict` when sampling; shapes as there (q is [gamma, V] whenever gamma > 0)."""
+    """`verdict` when sampling; shapes as there (q is [gamma, V] whenever gamma > 0, unless
+    copied)."""
     logp = log_probs(z, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
     gamma = x.numel()
+    if copied:
+        return _copies_sampled(logp, x, q, cfg, gen, end_ids)
     n, dist = 0, logp[0].exp()
     if gamma:
         assert q is not None
@@ -106,4 +119,27 @@ def _sampled(
         n = accepted_count(x, ph.gather(1, idx)[:, 0], q.gather(1, idx)[:, 0], u)
         p_n = logp[n].exp()
         dist = residual(p_n, ph[n], q[n], cfg.residual) if n < gamma else p_n
+    return n, torch.multinomial(dist, 1, generator=gen)
+
+
+def _copies_sampled(
+    logp: torch.Tensor,
+    x: torch.Tensor,
+    q: torch.Tensor | None,
+    cfg: RapidConfig,
+    gen: torch.Generator,
+    end_ids: torch.Tensor | None,
+) -> tuple[int, torch.Tensor]:
+    """The sampled verdict on copies: logp [gamma + 1, V] the target's filtered
+    log-probabilities; x, q as in `verdict` (copied). Each row's token follows p_hat_i
+    exactly: x_i is kept with probability p_hat_i(x_i), and a rejection at row n draws from
+    p_hat_n without x_n (the "exact" residual of a one-hot proposal)."""
+    gamma = x.numel()
+    p = logp.exp()
+    rows = 0 if q is None else len(q)
+    ph = torch.cat([_augmented(logp[:rows], q, cfg, end_ids), p[rows:]]) if rows else p
+    proposal = torch.zeros_like(ph[:gamma]).scatter_(1, x[:, None], 1.0)  # one-hot
+    u = torch.rand(gamma, generator=gen, device=logp.device)
+    n = accepted_count(x, ph[:gamma].gather(1, x[:, None])[:, 0], proposal.new_ones(gamma), u)
+    dist = residual(p[n], ph[n], proposal[n], "exact") if n < gamma else ph[gamma]
     return n, torch.multinomial(dist, 1, generator=gen)

@@ -39,7 +39,7 @@ ORACLE = "tests/test_verdict_oracle.py"
 DISTRIBUTION = "tests/test_engine_distribution.py"
 _SAMPLED_ROW = "dist = residual(p_n, ph[n], q[n], cfg.residual) if n < gamma else p_n"
 _ACCEPT = "n = accepted_count(x, ph.gather(1, idx)[:, 0], q.gather(1, idx)[:, 0], u)"
-_Q = "q = log_probs(logits[None], cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)[0].exp()"
+_Q = "return log_probs(logits, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p).exp()"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -79,7 +79,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "temperature applied twice to the draft's q",
         "rapid_integrations/drafting.py",
         _Q,
-        _Q.replace("logits[None],", "logits[None] / cfg.temperature,"),
+        _Q.replace("logits,", "logits / cfg.temperature,"),
         (DISTRIBUTION + "::test_proposer_q_is_the_drafts_own_filtered_distribution",),
     ),
     Mutant(
@@ -94,8 +94,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "draft-crop-off-by-one",
         "the draft cache cropped one token too many after a rejection",
         "rapid_integrations/drafting.py",
-        "self.state.rollback(gamma - 1 - accepted)",
-        "self.state.rollback(gamma - accepted)",
+        "self.state.rollback(max(0, self._fed - accepted))",
+        "self.state.rollback(max(0, self._fed + 1 - accepted))",
         ("tests/test_engine_exact.py::test_proposer_cache_follows_every_verdict",),
     ),
     Mutant(
@@ -179,6 +179,22 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_prefix_cache.py::test_weights_changed_in_place_or_converted_never_serve_stale_kv",
         ),
+    ),
+    Mutant(
+        "copy-bonus-from-p",
+        "the bonus token after kept copies drawn from p, though q has a row there",
+        "rapid_integrations/verify.py",
+        'residual(p[n], ph[n], proposal[n], "exact") if n < gamma else ph[gamma]',
+        'residual(p[n], ph[n], proposal[n], "exact") if n < gamma else p[gamma]',
+        (ORACLE + "::test_sampled_copies_follow_p_hat",),
+    ),
+    Mutant(
+        "copies-unguided",
+        "copies verified without the draft model's q at eta > 0 (p_hat = p on them)",
+        "rapid_integrations/drafting.py",
+        "self._guided = config.eta > 0",
+        "self._guided = False",
+        ("tests/test_engine_adaptive.py::test_a_copy_emits_p_hat_of_the_drafts_own_q",),
     ),
 )
 

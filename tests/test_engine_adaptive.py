@@ -1,7 +1,7 @@
 """docs/algorithm.md sections 2.9 and 2.10 on tiny random models: adaptive drafting and the
 lookup proposer change how many drafts each pass gets and who makes them, never the output's
-law: eta = 0 greedy is the target's own greedy decoding, eta = 0 sampling follows p, and a
-copied draft is verified at eta = 0 whatever eta is, so its emitted token follows p."""
+law: eta = 0 greedy is the target's own greedy decoding, eta = 0 sampling follows p, and at
+eta > 0 a copied draft's position follows p_hat built from the draft model's own q there."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine
 from rapid_integrations.drafting import GammaSchedule, LookupProposer
-from rapid_integrations.sampling import one_step_law, p_hat
+from tests import oracle
 from tests.test_engine_distribution import assert_follows
 from tests.test_engine_exact import random_prompts
 from tests.tiny import next_token_probs, reference_greedy
@@ -165,7 +165,7 @@ def test_draft_stops_after_a_token_below_the_confidence_threshold(tok, draft, th
 
 
 def test_lookup_proposes_the_latest_continuation_of_the_longest_suffix():
-    lookup = LookupProposer(corpus=[5, 6, 7, 8], sequence=[1, 2, 3, 9, 2, 3], ngram=3, vocab=12)
+    lookup = LookupProposer(corpus=[5, 6, 7, 8], sequence=[1, 2, 3, 9, 2, 3], ngram=3)
     assert lookup.find(4) == [9, 2, 3]  # (2, 3) was followed by 9 in the sequence
     lookup.extend(torch.tensor([4]))  # sequence ... 2 3 4: (3, 4) never occurred before
     assert lookup.find(4) == []
@@ -173,12 +173,10 @@ def test_lookup_proposes_the_latest_continuation_of_the_longest_suffix():
     assert lookup.find(2) == [7, 8]
     lookup.extend(torch.tensor([1, 2, 3]))  # (1, 2, 3) matches the start of the sequence
     assert lookup.find(3) == [9, 2, 3]
-    q = lookup.one_hot(torch.tensor([9, 2]))
-    assert q.shape == (2, 12) and q.sum().item() == 2 and q[0, 9] == q[1, 2] == 1
 
 
 def test_lookup_never_matches_across_the_seam_of_corpus_and_sequence():
-    lookup = LookupProposer(corpus=[1, 2], sequence=[3, 4, 1, 2], ngram=2, vocab=8)
+    lookup = LookupProposer(corpus=[1, 2], sequence=[3, 4, 1, 2], ngram=2)
     # (2, 3) spans the seam and must not exist; (1, 2) at the corpus end has no continuation.
     assert lookup.find(3) == []
 
@@ -305,17 +303,49 @@ def test_eta0_sampling_first_two_tokens_follow_p(sampler, target, tok):
     assert_follows(second, p2.numpy())
 
 
-def test_lookup_draft_is_verified_at_eta_0_whatever_eta_is(sampler, target, tok):
-    """eta = 2 with a copied draft x: the copy is checked against p (docs/algorithm.md section
-    2.10), so the first emitted token follows p, not the law the shift toward the one-hot copy
-    would give (which puts 5x more mass on x: the test tells the two apart)."""
-    eta = 2.0
-    ids = tok.encode(PROMPT)
-    p = next_token_probs(target, ids, len(tok))
-    x = tok.encode("c")[0]
-    onehot = torch.zeros_like(p)
-    onehot[x] = 1.0
-    pulled = one_step_law(p, p_hat(torch.log(p)[None], onehot[None], eta)[0], onehot, "paper")
-    assert pulled[x] > 5 * p[x]
-    (counts,) = emitted(sampler, max_new_tokens=3, eta=eta, lookup_ngram=2, gamma=2)
-    assert_follows(counts, p.numpy())
+def test_a_copy_emits_p_hat_of_the_drafts_own_q(sampler, target, draft, tok):
+    """eta = 4 with a copied draft x at the first position: the emitted token follows p_hat
+    of p and the draft model's q there (the oracle's, docs/algorithm.md section 2.10), not p
+    and not the law a one-hot q would give (the test tells the three apart)."""
+    eta = 4.0
+    rules = oracle.Rules(eta)
+    p = next_token_probs(target, tok.encode(PROMPT), len(tok)).numpy()
+    q = next_token_probs(draft, tok.encode(DRAFT_PROMPT), len(tok)).numpy()
+    law = oracle.augmented(p[None], q[None], rules)[0]
+    onehot = np.eye(len(tok))[tok.encode("c")[0]]
+    pulled = oracle.one_token_law(p, onehot, rules)
+    assert oracle.total_variation(np.stack([law, law]), np.stack([p, pulled])).min() > 0.2
+    overrides = {"eta": eta, "confidence_guard": False, "lookup_ngram": 2, "gamma": 2}
+    (counts,) = emitted(sampler, max_new_tokens=3, **overrides)
+    assert_follows(counts, law)
+
+
+def test_every_q_the_verdict_reads_is_the_drafts_own(engines, draft, tok, monkeypatch):
+    """Greedy, eta = 3, copies and model drafts mixed: each q row the verdict reads (for a
+    copy, one row past the copies too) equals the draft model's no-cache distribution after
+    the draft prompt, the tokens emitted so far and the drafts before that row, so the draft
+    cache follows every verdict, copied or drafted (docs/algorithm.md section 2.10)."""
+    from rapid_integrations import engine as engine_module
+
+    seen = []
+
+    def recording(z, x, q, cfg, gen, end_ids=None, copied=False):
+        verdict = real(z, x, q, cfg, gen, end_ids, copied)
+        seen.append((x.tolist(), q, copied, verdict[0], int(verdict[1])))
+        return verdict
+
+    real = engine_module.verdict
+    monkeypatch.setattr(engine_module, "verdict", recording)
+    copies = drafted = 0
+    for prompt, draft_prompt in repetitive_prompts(3, seed=7):
+        seen.clear()
+        engines["separate"].generate(prompt, draft_prompt, eta=3.0, lookup_ngram=2, gamma=3)
+        emitted_ids = tok.encode(draft_prompt)
+        for x, q, copied, n, token in seen:
+            copies, drafted = copies + copied, drafted + (bool(x) and not copied)
+            assert len(x) == 0 or len(q) == len(x) + copied  # a plain last step has no drafts
+            for row in range(len(q) if x else 0):
+                want = next_token_probs(draft, emitted_ids + x[:row], len(tok))
+                assert torch.allclose(q[row].double(), want, atol=1e-5), (x, row)
+            emitted_ids += [*x[:n], token]
+    assert copies > 3 and drafted > 3

@@ -51,6 +51,7 @@ BAD_VALUES = {
     "gamma_max": [0, 65, 2.0],
     "speculate_min_context": [-1, 1.5],
     "lookup_ngram": [1, 9, -2],
+    "lookup_tokens": [0, 65, 2.0],
 }
 
 
