@@ -317,6 +317,8 @@ def test_long_preset_records_carry_the_ceiling(tmp_path, capsys):
     assert all(set(r) >= LONG_FIELDS and r["suite"] == "long" for r in records)
     labels = [r["label"] for r in records]
     assert labels[0] == "lc" and "hf-pld" in labels and "sd" in labels
+    # Every method decodes the same number of tokens, transformers too: none stops at an eos.
+    assert {r["new_tokens"] for r in records} == {8}
     assert {
         "rapid eta=5",
         "rapid eta=5 gamma=2",
@@ -351,3 +353,25 @@ def test_prefill_preset_tries_chunk_sizes_then_keeps_the_best(tmp_path, capsys):
     default = RapidConfig().prefill_chunk_size
     assert {r["chunk"] for r in second if r["method"] == "engine"} <= {64, 128, default}
     assert all(r["tokens_per_second"] > 0 and r["bound_seconds"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("method", ["hf", "hf-pld"])
+def test_transformers_speed_runs_ignore_eos_as_the_engine_does(tok, target, method):
+    """A speed run decodes its token count whatever comes: here the eos id is the target's
+    first greedy token, which would end `generate` at once."""
+    from rapid_integrations import RapidEngine
+    from rapid_integrations.bench.methods import Method, measure_transformers
+    from rapid_integrations.bench.probe import ForwardProbe
+    from tests.tiny import reference_greedy
+
+    engine = RapidEngine(target, tokenizer=tok)
+    ids = tok.encode("abcabcabc")
+    want = reference_greedy(target, ids, 12, len(tok))
+    engine.eos_token_ids = frozenset({want[0]})
+    with ForwardProbe([target]) as probe:
+        run = measure_transformers(engine, Method(method), ids, probe, max_new_tokens=12)
+        assert run.new_tokens == 0  # stopped at the eos
+        run = measure_transformers(
+            engine, Method(method), ids, probe, max_new_tokens=12, ignore_eos=True
+        )
+    assert run.new_tokens == 12

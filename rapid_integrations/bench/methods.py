@@ -192,10 +192,14 @@ def measure_transformers(
     *,
     max_new_tokens: int,
     stop: tuple[str, ...] = (),
+    ignore_eos: bool = False,
 ) -> Measurement:
-    """Greedy transformers `generate` on the engine's target (prompt lookup for hf-pld)."""
+    """Greedy transformers `generate` on the engine's target (prompt lookup for hf-pld).
+    `ignore_eos`: decode `max_new_tokens` whatever comes, as the engine's speed runs do (an
+    empty eos list is what makes `generate` never stop on one)."""
     model, tokenizer = engine.target, engine.tokenizer
     eos = sorted(engine.eos_token_ids)
+    stops = [] if ignore_eos else eos
     extra: dict[str, Any] = {"stop_strings": list(stop), "tokenizer": tokenizer} if stop else {}
     if method.name == "hf-pld":
         extra["prompt_lookup_num_tokens"] = PROMPT_LOOKUP_TOKENS
@@ -210,14 +214,14 @@ def measure_transformers(
         attention_mask=torch.ones_like(ids),
         max_new_tokens=max_new_tokens,
         do_sample=False,
-        eos_token_id=eos,
+        eos_token_id=stops,
         pad_token_id=eos[0],
         streamer=clock,
         **extra,
     )
     total = time.perf_counter() - start
     first = (clock.first or start + total) - start
-    generated = _until_eos(out[0, len(prompt_ids) :].tolist(), frozenset(eos))
+    generated = _until_eos(out[0, len(prompt_ids) :].tolist(), frozenset(stops))
     decode = total - first
     passes = sum(1 for c in probe.calls if c.start >= start + first)
     return Measurement(

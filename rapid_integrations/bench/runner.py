@@ -578,8 +578,15 @@ def _measure(call: _Call) -> Measurement:
         )
     ids = encode_prompt(task.messages, engine.tokenizer, engine.vocab_size)
     limit, stop = overrides["max_new_tokens"], overrides["stop"]
+    ignore_eos = overrides.get("ignore_eos", False)
     return measure_transformers(
-        engine, method, ids, call.suite.probe, max_new_tokens=limit, stop=stop
+        engine,
+        method,
+        ids,
+        call.suite.probe,
+        max_new_tokens=limit,
+        stop=stop,
+        ignore_eos=ignore_eos,
     )
 
 
