@@ -25,9 +25,9 @@ class Proposer(Protocol):
 
     def propose(self, gamma: int, room: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft k tokens, 0 <= k <= max(gamma, room): ids [k] and the draft model's
-        distributions q at their positions, [k, V] (copies: [k + 1, V] or None; None when the
-        verdict does not need q, see `needs_q`). A model drafts at most `gamma` (0: none);
-        copies, which cost no draft step, may run to `room`."""
+        distributions q at their positions, [k, V], or [k + 1, V] with a row one past them
+        (None when the verdict does not need q, see `needs_q`). A model drafts at most
+        `gamma` (0: none); copies, which cost no draft step, may run to `room`."""
         ...
 
     def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
@@ -52,12 +52,16 @@ class ModelProposer:
         self._cfg = config
         self._gen = generator
         self._need_q = needs_q(config)
+        # eta > 0: the draft reads x_k too, so the bonus row has q and follows p_hat
+        # (docs/algorithm.md section 2.7); a grammar's bonus row keeps p.
+        self._bonus_q = config.eta > 0 and constraints is None
         self._x = state.pending[:0]  # [k] the last proposal
         self._fed = 0  # how many of its tokens the draft has read (x_k never is, once drafted)
 
     def propose(self, gamma: int, room: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft ids x [k] (int64) and q [k, V] (None unless needed), k <= gamma: fewer when
-        the confidence threshold stops drafting early. See `Proposer` (`room` is for copies)."""
+        """Draft ids x [k] (int64) and q [k, V] (None unless needed; [k + 1, V] with eta > 0,
+        a row for the bonus position too), k <= gamma: fewer when the confidence threshold
+        stops drafting early. See `Proposer` (`room` is for copies)."""
         if gamma == 0:
             self._x, self._fed = self._x[:0], 0
             return self._x, None
@@ -75,6 +79,9 @@ class ModelProposer:
             else:
                 break
         self._x, self._fed = torch.cat(xs), len(xs) - 1
+        if self._bonus_q:
+            qs.append(self._q(self.state.feed(xs[-1])[-1:])[0])
+            self._fed += 1
         if not self._need_q:
             # log_probs checks the logits whenever q is computed; once per proposal here, as a
             # check per step would wait on the device between draft steps.

@@ -11,11 +11,11 @@ Terms (after vLLM's rejection sampler; docs/algorithm.md sections 2.3-2.7 and 3)
   recovered (residual) token   the one token drawn after a rejection at row n, from the
            residual of p_n, p_hat_n and q_n (greedy: argmax p_hat_n);
   bonus token       the token drawn at row gamma (the row past the last draft) when all
-           gamma drafts are accepted: from p, as a model draft has no q there, so p_hat = p;
+           gamma drafts are accepted: from p_hat_gamma where q has a row there ([gamma + 1, V],
+           with eta > 0), else from p (the paper's rule);
   copied drafts     drafts copied by the lookup (section 2.10), not drawn from q: their
            proposal is one-hot, so x_i is kept with probability p_hat_i(x_i) and the recovered
-           token is drawn from p_hat_n without x_n; q only shapes p_hat, and may have a row
-           for the bonus position too, which then draws from p_hat there.
+           token is drawn from p_hat_n without x_n; q only shapes p_hat.
 Each target pass emits accepted tokens + one recovered or bonus token.
 """
 
@@ -47,8 +47,8 @@ def verdict(
     """Accept a prefix of the drafts and pick the next token.
 
     z: [gamma + 1, V] target logits at the drafts' positions and one past them;
-    x: [gamma] draft ids; q: [gamma, V] draft distributions (None when greedy with eta = 0;
-    copied: None whenever eta = 0, else [gamma, V] or [gamma + 1, V], the draft model's);
+    x: [gamma] draft ids; q: [gamma, V] or [gamma + 1, V] (a row for the bonus position)
+    draft distributions (None when greedy with eta = 0; copied: None whenever eta = 0);
     end_ids: end-of-sequence ids for `sampling.end_guard` (None: no guard);
     copied: x was copied, not drawn from q (see the module's terms).
     Returns (n accepted, the token [1] emitted after them).
@@ -79,7 +79,7 @@ def _greedy(
 ) -> tuple[int, torch.Tensor]:
     """`verdict` at temperature 0; shapes as there (q may be None only when eta = 0)."""
     # docs/algorithm.md section 3: accept iff x_i == argmax p_hat_i (T = 1 softmaxes); emit argmax p_hat on
-    # rejection; at the bonus position p_hat = p unless q has a row there (copies).
+    # rejection; at the bonus position p_hat = p unless q has a row there (eta > 0).
     # A copy is kept iff it is argmax p_hat too: its one-hot proposal changes nothing greedy.
     # argmax p is argmax z; taken on z, logits closer than log_softmax's rounding stay apart,
     # so eta = 0 picks exactly the target's own greedy token.
@@ -104,42 +104,23 @@ def _sampled(
     end_ids: torch.Tensor | None,
     copied: bool,
 ) -> tuple[int, torch.Tensor]:
-    """`verdict` when sampling; shapes as there (q is [gamma, V] whenever gamma > 0, unless
-    copied)."""
+    """`verdict` when sampling; shapes as there (q has at least gamma rows whenever gamma > 0,
+    unless copied)."""
     logp = log_probs(z, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
     gamma = x.numel()
-    if copied:
-        return _copies_sampled(logp, x, q, cfg, gen, end_ids)
-    n, dist = 0, logp[0].exp()
-    if gamma:
-        assert q is not None
-        ph = _augmented(logp[:gamma], q, cfg, end_ids)
-        idx = x[:, None]
-        u = torch.rand(gamma, generator=gen, device=z.device)
-        n = accepted_count(x, ph.gather(1, idx)[:, 0], q.gather(1, idx)[:, 0], u)
-        p_n = logp[n].exp()
-        dist = residual(p_n, ph[n], q[n], cfg.residual) if n < gamma else p_n
-    return n, torch.multinomial(dist, 1, generator=gen)
-
-
-def _copies_sampled(
-    logp: torch.Tensor,
-    x: torch.Tensor,
-    q: torch.Tensor | None,
-    cfg: RapidConfig,
-    gen: torch.Generator,
-    end_ids: torch.Tensor | None,
-) -> tuple[int, torch.Tensor]:
-    """The sampled verdict on copies: logp [gamma + 1, V] the target's filtered
-    log-probabilities; x, q as in `verdict` (copied). Each row's token follows p_hat_i
-    exactly: x_i is kept with probability p_hat_i(x_i), and a rejection at row n draws from
-    p_hat_n without x_n (the "exact" residual of a one-hot proposal)."""
-    gamma = x.numel()
-    p = logp.exp()
+    p = logp.exp()  # [gamma + 1, V]
+    if not gamma:
+        return 0, torch.multinomial(p[0], 1, generator=gen)
     rows = 0 if q is None else len(q)
     ph = torch.cat([_augmented(logp[:rows], q, cfg, end_ids), p[rows:]]) if rows else p
-    proposal = torch.zeros_like(ph[:gamma]).scatter_(1, x[:, None], 1.0)  # one-hot
-    u = torch.rand(gamma, generator=gen, device=logp.device)
-    n = accepted_count(x, ph[:gamma].gather(1, x[:, None])[:, 0], proposal.new_ones(gamma), u)
-    dist = residual(p[n], ph[n], proposal[n], "exact") if n < gamma else ph[gamma]
+    # A copy's proposal is one-hot, and its residual the exact one (see the module's terms).
+    if copied:
+        proposal, rule = torch.zeros_like(p[:gamma]).scatter_(1, x[:, None], 1.0), "exact"
+    else:
+        assert q is not None
+        proposal, rule = q[:gamma], cfg.residual
+    idx = x[:, None]
+    u = torch.rand(gamma, generator=gen, device=z.device)
+    n = accepted_count(x, ph[:gamma].gather(1, idx)[:, 0], proposal.gather(1, idx)[:, 0], u)
+    dist = residual(p[n], ph[n], proposal[n], rule) if n < gamma else ph[gamma]
     return n, torch.multinomial(dist, 1, generator=gen)

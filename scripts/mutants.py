@@ -37,8 +37,8 @@ class Mutant:
 
 ORACLE = "tests/test_verdict_oracle.py"
 DISTRIBUTION = "tests/test_engine_distribution.py"
-_SAMPLED_ROW = "dist = residual(p_n, ph[n], q[n], cfg.residual) if n < gamma else p_n"
-_ACCEPT = "n = accepted_count(x, ph.gather(1, idx)[:, 0], q.gather(1, idx)[:, 0], u)"
+_SAMPLED_ROW = "dist = residual(p[n], ph[n], proposal[n], rule) if n < gamma else ph[gamma]"
+_ACCEPT = "n = accepted_count(x, ph[:gamma].gather(1, idx)[:, 0], proposal.gather(1, idx)[:, 0], u)"
 _Q = "return log_probs(logits, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p).exp()"
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -55,7 +55,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "acceptance computed with p instead of p_hat",
         "rapid_integrations/verify.py",
         _ACCEPT,
-        _ACCEPT.replace("ph.gather", "logp[:gamma].exp().gather"),
+        _ACCEPT.replace("ph[:gamma].gather", "p[:gamma].gather"),
         (ORACLE,),
     ),
     Mutant(
@@ -63,7 +63,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "the residual taken from row 0 instead of the rejection row n",
         "rapid_integrations/verify.py",
         _SAMPLED_ROW,
-        "dist = residual(logp[0].exp(), ph[0], q[0], cfg.residual) if n < gamma else p_n",
+        _SAMPLED_ROW.replace("(p[n], ph[n], proposal[n]", "(p[0], ph[0], proposal[0]"),
         (ORACLE,),
     ),
     Mutant(
@@ -103,15 +103,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "acceptance with probability p_hat(x) instead of min(1, p_hat(x) / q(x))",
         "rapid_integrations/verify.py",
         _ACCEPT,
-        _ACCEPT.replace("q.gather(1, idx)[:, 0]", "torch.ones_like(u)"),
+        _ACCEPT.replace("proposal.gather(1, idx)[:, 0]", "torch.ones_like(u)"),
         (ORACLE,),
     ),
     Mutant(
         "wrong-bonus-row",
-        "the bonus token drawn from p at row gamma - 1 instead of row gamma",
+        "the bonus token drawn at row gamma - 1 instead of row gamma",
         "rapid_integrations/verify.py",
         _SAMPLED_ROW,
-        _SAMPLED_ROW.replace("else p_n", "else logp[n - 1].exp()"),
+        _SAMPLED_ROW.replace("else ph[gamma]", "else ph[gamma - 1]"),
         (ORACLE,),
     ),
     Mutant(
@@ -181,12 +181,12 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
-        "copy-bonus-from-p",
-        "the bonus token after kept copies drawn from p, though q has a row there",
+        "bonus-from-p",
+        "the bonus token drawn from p, though q has a row there",
         "rapid_integrations/verify.py",
-        'residual(p[n], ph[n], proposal[n], "exact") if n < gamma else ph[gamma]',
-        'residual(p[n], ph[n], proposal[n], "exact") if n < gamma else p[gamma]',
-        (ORACLE + "::test_sampled_copies_follow_p_hat",),
+        _SAMPLED_ROW,
+        _SAMPLED_ROW.replace("else ph[gamma]", "else p[gamma]"),
+        (ORACLE,),
     ),
     Mutant(
         "copies-unguided",
@@ -195,6 +195,17 @@ MUTANTS: tuple[Mutant, ...] = (
         "self._guided = config.eta > 0",
         "self._guided = False",
         ("tests/test_engine_adaptive.py::test_a_copy_emits_p_hat_of_the_drafts_own_q",),
+    ),
+    Mutant(
+        "bonus-row-without-q",
+        "the draft stops before x_k, so a model pass's bonus row has no q and follows p",
+        "rapid_integrations/drafting.py",
+        "self._bonus_q = config.eta > 0 and constraints is None",
+        "self._bonus_q = False",
+        (
+            "tests/test_engine_adaptive.py::"
+            "test_eta_positive_greedy_is_argmax_p_hat_at_every_position",
+        ),
     ),
 )
 

@@ -3,7 +3,8 @@
 It shares no code with `rapid_integrations` (nothing is imported from it): every formula below
 is written again from sections 2.3-2.7 (sampling) and 3 (greedy), so a bug in the package's
 math cannot hide in the expected values. All arrays are float64 numpy:
-  z [gamma + 1, V] target logits, q [gamma, V] draft distributions, x [gamma] draft ids.
+  z [gamma + 1, V] target logits, q [gamma, V] draft distributions (or [gamma + 1, V], with a
+  row for the bonus position), x [gamma] draft ids.
 """
 
 from __future__ import annotations
@@ -92,18 +93,18 @@ def acceptance(x: np.ndarray, q: np.ndarray, p_hat: np.ndarray) -> np.ndarray:
 def step_law(z: np.ndarray, x: np.ndarray, q: np.ndarray, rules: Rules) -> np.ndarray:
     """The exact law of one sampled verify step: L[n, t] = P(n drafts accepted, then token t),
     shape [gamma + 1, V]. Row n < gamma: a_1..a_n accepted, x_{n+1} rejected, t drawn from the
-    residual at row n (section 2.6); row gamma: every draft accepted, t the bonus token from
-    p at row gamma (section 2.7)."""
+    residual at row n (section 2.6); row gamma: every draft accepted, t the bonus token
+    (section 2.7), from p_hat at row gamma where q has a row there ([gamma + 1, V]), else p."""
     gamma = len(x)
     p = target_p(z, rules.temperature, rules.top_p)
-    p_hat = augmented(p[:gamma], q, rules)
-    a = acceptance(x, q, p_hat)
+    p_hat = augmented(p[: len(q)], q, rules)
+    a = acceptance(x, q[:gamma], p_hat[:gamma])
     law = np.zeros((gamma + 1, z.shape[-1]))
     reach = 1.0  # probability that rows 0..n-1 were all accepted
     for n in range(gamma):
         law[n] = reach * (1 - a[n]) * residual(p[n], p_hat[n], q[n], rules.residual)
         reach *= a[n]
-    law[gamma] = reach * p[gamma]
+    law[gamma] = reach * (p_hat[gamma] if len(q) > gamma else p[gamma])
     return law
 
 

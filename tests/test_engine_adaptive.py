@@ -321,8 +321,8 @@ def test_a_copy_emits_p_hat_of_the_drafts_own_q(sampler, target, draft, tok):
 
 
 def test_every_q_the_verdict_reads_is_the_drafts_own(engines, draft, tok, monkeypatch):
-    """Greedy, eta = 3, copies and model drafts mixed: each q row the verdict reads (for a
-    copy, one row past the copies too) equals the draft model's no-cache distribution after
+    """Greedy, eta = 3, copies and model drafts mixed: each q row the verdict reads (one row
+    past the drafts too) equals the draft model's no-cache distribution after
     the draft prompt, the tokens emitted so far and the drafts before that row, so the draft
     cache follows every verdict, copied or drafted (docs/algorithm.md section 2.10)."""
     from rapid_integrations import engine as engine_module
@@ -343,9 +343,52 @@ def test_every_q_the_verdict_reads_is_the_drafts_own(engines, draft, tok, monkey
         emitted_ids = tok.encode(draft_prompt)
         for x, q, copied, n, token in seen:
             copies, drafted = copies + copied, drafted + (bool(x) and not copied)
-            assert len(x) == 0 or len(q) == len(x) + copied  # a plain last step has no drafts
+            assert len(x) == 0 or len(q) == len(x) + 1  # a plain last step has no drafts
             for row in range(len(q) if x else 0):
                 want = next_token_probs(draft, emitted_ids + x[:row], len(tok))
                 assert torch.allclose(q[row].double(), want, atol=1e-5), (x, row)
             emitted_ids += [*x[:n], token]
     assert copies > 3 and drafted > 3
+
+
+def argmax_p_hat_decoding(target, draft, tok, prompt: str, draft_prompt: str, eta: float, n: int):
+    """Greedy RAPID one token at a time, from no-cache forward passes and the oracle: every
+    position emits argmax p_hat(p, q) (docs/algorithm.md sections 2.7 and 3, the paper's p_hat:
+    no confidence guard, no end guard)."""
+    rules = oracle.Rules(eta, temperature=0.0)
+    ids, draft_ids, out = tok.encode(prompt), tok.encode(draft_prompt), []
+    for _ in range(n):
+        p = next_token_probs(target, ids + out, len(tok)).numpy()
+        q = next_token_probs(draft, draft_ids + out, len(tok)).numpy()
+        out.append(int(oracle.augmented(p[None], q[None], rules)[0].argmax()))
+    return out
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"gamma": 1},
+        {"gamma": 5},
+        {"gamma": 12, "draft_confidence_threshold": 0.5},
+        {"adaptive_gamma": True, "gamma": 2, "gamma_max": 9},
+        {"lookup_ngram": 2, "gamma": 3},
+        {"lookup_ngram": 3, "gamma": 6, "lookup_tokens": 4},
+    ],
+    ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
+)
+def test_eta_positive_greedy_is_argmax_p_hat_at_every_position(
+    engines, target, draft, tok, options
+):
+    """With q at every row a pass decides (drafts, copies and the bonus row), greedy RAPID at
+    eta > 0 is one sequence, whoever drafts and however many: argmax p_hat at each position.
+    The call's last token may come from a plain target step (no room left for a draft), so
+    it is left out."""
+    eta, differs = 3.0, 0
+    for prompt, draft_prompt in repetitive_prompts(3, seed=11):
+        want = argmax_p_hat_decoding(target, draft, tok, prompt, draft_prompt, eta, 23)
+        out = engines["separate"].generate(
+            prompt, draft_prompt, eta=eta, confidence_guard=False, **options
+        )
+        assert out.token_ids[:23] == want, (options, prompt)
+        differs += want != reference_greedy(target, tok.encode(prompt), 24, len(tok))
+    assert differs >= 2  # p_hat changes the text: the test tells RAPID from the target alone

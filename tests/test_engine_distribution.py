@@ -155,17 +155,19 @@ def test_eta_positive_at_temperature_and_top_p_follows_the_oracle(engine, target
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.8), (1.6, 0.9), (0.0, 0.8)])
 def test_proposer_q_is_the_drafts_own_filtered_distribution(draft, tok, temperature, top_p):
-    """q at every drafted row equals softmax(draft logits / T) after top-p, computed here by
-    the oracle from no-cache logits (greedy: the T = 1 softmax, unfiltered, section 3)."""
+    """q at every drafted row, and at the bonus row past them (eta > 0, section 2.7), equals
+    softmax(draft logits / T) after top-p, computed here by the oracle from no-cache logits
+    (greedy: the T = 1 softmax, unfiltered, section 3)."""
     cfg = RapidConfig(eta=2.0, temperature=temperature, top_p=top_p, gamma=4)
     ids = tok.encode("hello. ab cd")
     state = KVState.start(draft, ids, len(tok), chunk=5, capacity=len(ids) + 8)
     x, q = ModelProposer(state, cfg, torch.Generator().manual_seed(0)).propose(4)
-    for i in range(4):
+    assert q.shape == (5, len(tok))
+    for i in range(5):
         want = oracle.target_p(
             last_logits(draft, tok, ids + x[:i].tolist())[None],
             temperature,
             top_p if temperature else 1.0,
         )[0]
         np.testing.assert_allclose(q[i].detach().double().numpy(), want, atol=1e-9)
-        assert want[int(x[i])] > 0
+        assert i == 4 or want[int(x[i])] > 0

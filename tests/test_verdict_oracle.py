@@ -144,6 +144,24 @@ def test_accepted_drafts_reach_the_bonus_row():
         )
 
 
+def test_the_bonus_row_follows_p_hat_where_q_has_a_row_there():
+    """With eta > 0 the draft gives q one row past its drafts (section 2.7): the bonus token
+    follows p_hat there, and the accepted and rejected rows are as before."""
+    eta = 4.0
+    rules = oracle.Rules(eta)
+    for seed in range(6, 9):
+        z, _, _ = synthetic(seed)
+        rng = np.random.default_rng(seed)
+        q = oracle.softmax(z + rng.normal(size=(GAMMA + 1, V)))  # a draft close to p
+        x = oracle.augmented(oracle.softmax(z[:GAMMA]), q[:GAMMA], rules).argmax(axis=-1)
+        law = oracle.step_law(z, x, q, rules)
+        plain = oracle.step_law(z, x, q[:GAMMA], rules)
+        assert law[GAMMA].sum() > 0.3
+        assert oracle.total_variation(law[GAMMA][None], plain[GAMMA][None])[0] > 0.05
+        cfg = RapidConfig(eta=eta, temperature=1.0, confidence_guard=False)
+        assert_law(run_verdicts(z, x, q, cfg), law)
+
+
 def test_end_guard_rows_use_p():
     """Rows whose most likely target token ends the sequence get p_hat = p (section 2.4)."""
     eta = 6.0
