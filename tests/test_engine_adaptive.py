@@ -87,9 +87,24 @@ def test_gamma_schedule_follows_the_heuristic():
     assert floor.gamma == 1
 
 
-def best_gamma_by_hand(acceptance: float, per_draft: float, plain: float, gamma_max: int) -> int:
-    """argmax over g of (1 + a + ... + a^g) / (g x per_draft + plain), written out."""
-    rates = [sum(acceptance**i for i in range(g + 1)) / (g * per_draft + plain) for g in range(65)]
+def best_gamma_by_hand(
+    passes: list[tuple[int, int]], per_draft: float, plain: float, gamma_max: int
+) -> int:
+    """argmax over g of E(g) / (g x per_draft + plain), E(g) from the acceptance curve of
+    `passes` ((drafted, accepted) each, oldest first), written out from docs/algorithm.md 2.9:
+    each verdict weighs 0.97 less per later verdict; draft j is rejected at rate
+    (rejections at j + h) / (passes reaching j + 1), h the pooled rate with prior 1/1."""
+    reached, rejected = np.zeros(gamma_max), np.zeros(gamma_max)
+    for drafted, accepted in passes:
+        missed = accepted < drafted
+        reached *= 0.97 ** (accepted + missed)
+        rejected *= 0.97 ** (accepted + missed)
+        reached[: accepted + missed] += 1
+        if missed:
+            rejected[accepted] += 1
+    pooled = (rejected.sum() + 1) / (reached.sum() + 2)
+    survive = np.cumprod(1 - (rejected + pooled) / (reached + 1))
+    rates = [(1 + survive[:g].sum()) / (g * per_draft + plain) for g in range(gamma_max + 1)]
     return max(range(1, gamma_max + 1), key=rates.__getitem__)
 
 
@@ -101,21 +116,32 @@ def test_measured_gamma_maximizes_expected_tokens_per_second(
     draft_step, verify_extra, accepted, want_small
 ):
     """Passes of 4 drafts with `accepted` kept each: after every pass gamma is the argmax of
-    expected tokens per second at the decayed acceptance (prior 1 kept, 1 missed; decay 0.97
-    per verdict)
-    and the measured costs (plain step 0.1 s)."""
+    expected tokens per second from the decayed acceptance curve and the measured costs
+    (plain step 0.1 s)."""
     schedule = GammaSchedule(RapidConfig(gamma=4, adaptive_gamma="measured", gamma_max=20))
     assert schedule.gamma == 0  # the timed plain step comes first
     schedule.update(0, 0, 0, 0.0, 0.1)
-    kept = missed = 0.0
+    passes = []
     for _ in range(6):
         schedule.update(schedule.gamma, 4, accepted, 4 * draft_step, 0.1 + 4 * verify_extra)
-        verdicts = accepted + (accepted < 4)  # kept drafts and the rejection, if any
-        kept, missed = 0.97**verdicts * kept + accepted, 0.97**verdicts * missed + (accepted < 4)
-        a = (kept + 1) / (kept + missed + 2)
-        want = best_gamma_by_hand(a, draft_step + verify_extra, 0.1, 20)
+        passes.append((4, accepted))
+        want = best_gamma_by_hand(passes, draft_step + verify_extra, 0.1, 20)
         assert schedule.gamma == want
     assert (schedule.gamma <= 2) is want_small
+
+
+def test_acceptance_in_runs_reads_longer_than_one_rate_says():
+    """Passes cut at draft 6 of 8 or kept whole: the curve says the first 6 drafts are nearly
+    always kept, so E(8) is above the single-rate formula's at the same pooled rate."""
+    from rapid_integrations.bench.ceiling import expected_tokens
+
+    costs = GammaSchedule(RapidConfig(adaptive_gamma="measured", gamma_max=8)).costs
+    costs.record(0, 0, 0.0, 0.1)
+    for accepted in [8, 6, 8, 8, 6, 8] * 3:
+        costs.record(8, accepted, 0.01, 0.1)
+    rate = (6 * 6 + 12 * 8) / (6 * 7 + 12 * 8)  # kept over verdicts: 0.957, E(8) = 7.4
+    assert costs.expected_tokens(8) > expected_tokens(rate, 8) + 0.5
+    assert costs.expected_tokens(6) > 6.5  # 1 + six drafts nearly always kept
 
 
 def test_measured_gamma_shrinks_for_a_slow_draft_and_grows_for_a_slow_target(

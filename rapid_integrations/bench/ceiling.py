@@ -26,9 +26,17 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from ..drafting import expected_tokens
 from ..kv import KVState
 from ..prefix_cache import PrefixCache
+
+
+def expected_tokens(acceptance: float, gamma: int) -> float:
+    """Mean tokens one pass emits at a per-draft acceptance rate: accepted drafts plus the
+    token the target adds, (1 - a^(gamma + 1)) / (1 - a) (Leviathan et al. 2023)."""
+    if acceptance >= 1.0:
+        return gamma + 1.0
+    return (1.0 - acceptance ** (gamma + 1)) / (1.0 - acceptance)
+
 
 VERIFY_TOKENS = (2, 5, 9, 17, 33)
 """Verify pass sizes timed (gamma + 1 for gamma 1, 4, 8, 16, 32)."""
