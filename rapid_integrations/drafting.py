@@ -56,7 +56,7 @@ class ModelProposer:
         # (docs/algorithm.md section 2.7); a grammar's bonus row keeps p.
         self._bonus_q = config.eta > 0 and constraints is None
         self._x = state.pending[:0]  # [k] the last proposal
-        self._fed = 0  # how many of its tokens the draft has read (x_k never is, once drafted)
+        self._fed = 0  # how many of its tokens the draft has read (x_k only if _bonus_q)
 
     def propose(self, gamma: int, room: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft ids x [k] (int64) and q [k, V] (None unless needed; [k + 1, V] with eta > 0,
@@ -163,18 +163,27 @@ class PassCosts:
 
     def __init__(self, gamma_max: int) -> None:
         self.plain_step: float | None = None
-        self._drafted, self._draft_seconds, self._verify_extra = 0, 0.0, 0.0
+        self._passes, self._drafted, self._draft_passes = 0, 0, 0
+        self._draft_seconds, self._verify_extra = 0.0, 0.0
         self._reached = [0.0] * gamma_max  # decayed passes that reached draft j
         self._rejected = [0.0] * gamma_max  # decayed passes that rejected draft j
 
     def record(
-        self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float
+        self,
+        drafted: int,
+        accepted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        draft_passes: int | None = None,
     ) -> None:
-        """A pass that drafted `drafted` tokens (0: the plain step) and kept `accepted`."""
+        """A pass that drafted `drafted` tokens (0: the plain step) and kept `accepted`, in
+        `draft_passes` forward passes of the draft (default: one per draft)."""
         if self.plain_step is None or not drafted:
             self.plain_step = self.plain_step or draft_seconds + verify_seconds
             return
+        self._passes += 1
         self._drafted += drafted
+        self._draft_passes += drafted if draft_passes is None else draft_passes
         self._draft_seconds += draft_seconds
         self._verify_extra += verify_seconds - self.plain_step
         rejected = int(accepted < drafted)
@@ -197,15 +206,24 @@ class PassCosts:
             tokens += kept
         return tokens
 
-    def best_gamma(self, gamma_max: int) -> int:
-        """The gamma in [1, gamma_max] with the most expected tokens per second:
-        E(gamma) / (gamma x (draft step + verify slope) + plain step)."""
+    def pass_seconds(self, gamma: int) -> float:
+        """Expected seconds of a pass of `gamma` drafts: the plain step, per draft a draft
+        forward pass and the verify slope, and the draft forward passes a pass makes beyond
+        its drafts (the bonus row's, docs/algorithm.md section 2.7)."""
         assert self.plain_step is not None and self._drafted
-        per_draft = (self._draft_seconds + max(0.0, self._verify_extra)) / self._drafted
-        return max(
-            range(1, gamma_max + 1),
-            key=lambda g: self.expected_tokens(g) / (g * per_draft + self.plain_step),
-        )
+        forward = self._draft_seconds / max(1, self._draft_passes)
+        slope = max(0.0, self._verify_extra) / self._drafted
+        extra = max(0, self._draft_passes - self._drafted) / self._passes
+        return self.plain_step + gamma * (forward + slope) + extra * forward
+
+    def speedup(self, gamma: int) -> float:
+        """Expected tokens per second of passes of `gamma` drafts, over the plain step's."""
+        assert self.plain_step is not None
+        return self.expected_tokens(gamma) * self.plain_step / self.pass_seconds(gamma)
+
+    def best_gamma(self, gamma_max: int) -> int:
+        """The gamma in [1, gamma_max] with the most expected tokens per second."""
+        return max(range(1, gamma_max + 1), key=self.speedup)
 
 
 class GammaSchedule:
@@ -217,14 +235,17 @@ class GammaSchedule:
     "measured", after every drafting pass the gamma of `PassCosts.best_gamma`.
 
     With `speculate_min_context="auto"` or a measured gamma the first pass is a plain target
-    step (no drafts), timed. With "auto", after `PAYOFF_PASSES` drafting passes the call stops
-    drafting (gamma 0 for good) while their tokens per second fall below the plain step's
-    1 / seconds: speculation that loses on this device at this length costs a few passes,
-    not the whole call.
+    step (no drafts), timed. With "auto", after `PAYOFF_PASSES` model-drafting passes the call
+    stops model drafting (gamma 0 for good; copies go on) once, after each of its last
+    `PAYOFF_PASSES` drafting passes, the gamma it would draft next was expected to emit fewer
+    tokens per second than plain steps (`PassCosts.speedup` below 1): speculation that loses
+    on this device at this length costs a few passes, not the whole call, and a short bad
+    stretch of text does not end it.
     """
 
     PAYOFF_PASSES = 4
-    """Drafting passes timed before they are judged: one pass's tokens vary too much."""
+    """Drafting passes in a row expected to lose before drafting stops: one pass's tokens
+    vary too much."""
 
     def __init__(self, config: RapidConfig) -> None:
         self._rule = config.adaptive_gamma
@@ -233,7 +254,7 @@ class GammaSchedule:
         self._auto = config.speculate_min_context == "auto"
         self._timed = self._auto or self._rule == "measured"
         self.costs = PassCosts(self._max)
-        self._passes, self._tokens, self._seconds = 0, 0, 0.0  # drafting passes, summed
+        self._losing = 0  # model-drafting passes in a row expected to lose
         self.stopped = False  # speculation measured slower than the target alone
 
     @property
@@ -253,14 +274,15 @@ class GammaSchedule:
         accepted: int,
         draft_seconds: float = 0.0,
         verify_seconds: float = 0.0,
+        draft_passes: int | None = None,
     ) -> None:
         """After a pass that asked for `asked` drafts, got `drafted` and accepted `accepted`
-        (emitting accepted + 1 tokens), drafting for `draft_seconds` and verifying (the target
-        pass and the verdict) for `verify_seconds` of wall time."""
+        (emitting accepted + 1 tokens), drafting for `draft_seconds` in `draft_passes` forward
+        passes of the draft (default: one per draft) and verifying (the target pass and the
+        verdict) for `verify_seconds` of wall time."""
         if self._timed:
-            self.costs.record(drafted if asked else 0, accepted, draft_seconds, verify_seconds)
-        if self._auto and asked:
-            self._judge(accepted + 1, draft_seconds + verify_seconds)
+            drafts = drafted if asked else 0
+            self.costs.record(drafts, accepted, draft_seconds, verify_seconds, draft_passes)
         if not (asked and drafted):
             return
         if self._rule == "measured":
@@ -269,16 +291,10 @@ class GammaSchedule:
             self._gamma = max(1, self._gamma - 1)
         elif self._rule and drafted == asked:
             self._gamma = min(self._max, self._gamma + 2)
-
-    def _judge(self, emitted: int, seconds: float) -> None:
-        assert self.costs.plain_step is not None
-        self._passes, self._tokens = self._passes + 1, self._tokens + emitted
-        self._seconds += seconds
-        if (
-            self._passes >= self.PAYOFF_PASSES
-            and self._tokens * self.costs.plain_step < self._seconds
-        ):
-            self.stopped = True
+        # A pass expected to lose lengthens the losing streak; one expected to pay ends it.
+        losing = self._auto and self.costs.speedup(self._gamma) < 1
+        self._losing = self._losing + 1 if losing else 0
+        self.stopped = self._losing >= self.PAYOFF_PASSES
 
 
 class LookupProposer:

@@ -81,8 +81,9 @@ def speculate(
         start = time.perf_counter()
         left = budget() - 1 if proposer and schedule.drafting else 0
         asked, room = min(schedule.gamma, left), min(cfg.lookup_tokens, left)
+        forwards = proposer.state.forward_passes if proposer else 0
         x, q = proposer.propose(asked, room) if left > 0 else (target.pending[:0], None)
-        copied = bool(proposer and proposer.copied)
+        copied = bool(left > 0 and proposer and proposer.copied)
         drafted_at = time.perf_counter()
         gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)
         z = target.feed(x)
@@ -97,7 +98,8 @@ def speculate(
             proposer.commit(n, gamma, token)
         if not copied:  # the schedule times the model's drafts (section 2.10)
             seconds = drafted_at - start, time.perf_counter() - drafted_at
-            schedule.update(asked, gamma, n, *seconds)
+            forwards = proposer.state.forward_passes - forwards if proposer else 0
+            schedule.update(asked, gamma, n, *seconds, forwards)
         stats.speculation_stopped = schedule.stopped
         stats.drafted_tokens += gamma
         stats.accepted_tokens += n

@@ -235,6 +235,32 @@ def test_auto_payoff_stops_drafting_only_when_it_loses():
         assert schedule.gamma == (0 if stops else 4)
 
 
+def test_auto_payoff_needs_a_losing_streak(monkeypatch):
+    """A pass expected to pay ends the streak: drafting stops only after PAYOFF_PASSES passes
+    in a row expected to lose (a short bad stretch of text does not end it)."""
+    schedule = GammaSchedule(RapidConfig(gamma=4, speculate_min_context="auto"))
+    schedule.update(0, 0, 0, 0.0, 0.01)
+    expected = iter([0.9, 0.9, 0.9, 1.1, 0.9, 0.9, 0.9, 0.9])
+    monkeypatch.setattr(schedule.costs, "speedup", lambda gamma: next(expected))
+    for _ in range(7):
+        schedule.update(4, 4, 2, 0.01, 0.01)
+        assert not schedule.stopped and schedule.gamma == 4
+    schedule.update(4, 4, 2, 0.01, 0.01)
+    assert schedule.stopped and schedule.gamma == 0
+
+
+def test_pass_seconds_count_draft_passes_beyond_the_drafts():
+    """Passes of 4 drafts in 5 draft forward passes (the bonus row's, section 2.7): a draft
+    forward costs 10 ms, so a pass of g drafts costs the plain step, g x (10 ms + the verify
+    slope) and one more forward."""
+    costs = GammaSchedule(RapidConfig(adaptive_gamma="measured", gamma_max=8)).costs
+    costs.record(0, 0, 0.0, 0.060)
+    for _ in range(3):
+        costs.record(4, 4, 0.050, 0.060 + 4 * 0.002, draft_passes=5)
+    for g in (1, 4, 8):
+        assert costs.pass_seconds(g) == pytest.approx(0.060 + g * (0.010 + 0.002) + 0.010)
+
+
 def slowed(model: torch.nn.Module, seconds: float, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every forward pass of `model` takes `seconds` longer (restored after the test)."""
     forward = model.forward
