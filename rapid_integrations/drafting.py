@@ -34,6 +34,11 @@ class Proposer(Protocol):
         """The target kept the first `accepted` of the `gamma` drafts, then emitted `token` [1]."""
         ...
 
+    def q_here(self) -> torch.Tensor | None:
+        """No drafts, only the draft model's q [1, V] at the next position (None with eta = 0):
+        a pass with no room for drafts still follows p_hat (docs/algorithm.md section 2.7)."""
+        ...
+
 
 class ModelProposer:
     """Drafts with a causal LM over its own (short) prompt and KV cache."""
@@ -119,6 +124,10 @@ class ModelProposer:
         probs = q if q is not None else torch.softmax(logits.float(), dim=-1)
         return bool(probs[x] >= threshold)
 
+    def q_here(self) -> torch.Tensor | None:
+        """See `Proposer.q_here`."""
+        return self.guide(self._x[:0]) if self._bonus_q else None
+
     def guide(self, x: torch.Tensor) -> torch.Tensor:
         """q [k + 1, V] at the positions of x [k] (copies) and one past them: the draft reads
         its pending tokens and x in one pass, and picks none of them."""
@@ -179,7 +188,8 @@ class PassCosts:
         """A pass that drafted `drafted` tokens (0: the plain step) and kept `accepted`, in
         `draft_passes` forward passes of the draft (default: one per draft)."""
         if self.plain_step is None or not drafted:
-            self.plain_step = self.plain_step or draft_seconds + verify_seconds
+            # A plain step's draft seconds (the q of section 2.7) are not the target's.
+            self.plain_step = self.plain_step or verify_seconds
             return
         self._passes += 1
         self._drafted += drafted
@@ -369,6 +379,10 @@ class LookupFirst:
             return self._x, q
         self._x = torch.tensor(found, dtype=torch.long, device=self.model.state.pending.device)
         return self._x, (self.model.guide(self._x) if self._guided else None)
+
+    def q_here(self) -> torch.Tensor | None:
+        self._x, self.copied = self._x[:0], False
+        return self.model.q_here()
 
     def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
         kept = torch.cat([self._x[:accepted], token.to(self._x.device)])

@@ -82,7 +82,11 @@ def speculate(
         left = budget() - 1 if proposer and schedule.drafting else 0
         asked, room = min(schedule.gamma, left), min(cfg.lookup_tokens, left)
         forwards = proposer.state.forward_passes if proposer else 0
-        x, q = proposer.propose(asked, room) if left > 0 else (target.pending[:0], None)
+        x, q = target.pending[:0], None  # a plain step: q too, unless drafting stopped (2.7)
+        if left > 0:
+            x, q = proposer.propose(asked, room)
+        elif proposer and not schedule.stopped:
+            q = proposer.q_here()
         copied = bool(left > 0 and proposer and proposer.copied)
         drafted_at = time.perf_counter()
         gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)

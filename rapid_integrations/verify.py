@@ -109,10 +109,10 @@ def _sampled(
     logp = log_probs(z, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
     gamma = x.numel()
     p = logp.exp()  # [gamma + 1, V]
-    if not gamma:
-        return 0, torch.multinomial(p[0], 1, generator=gen)
     rows = 0 if q is None else len(q)
     ph = torch.cat([_augmented(logp[:rows], q, cfg, end_ids), p[rows:]]) if rows else p
+    if not gamma:
+        return 0, torch.multinomial(ph[0], 1, generator=gen)
     # A copy's proposal is one-hot, and its residual the exact one (see the module's terms).
     if copied:
         proposal, rule = torch.zeros_like(p[:gamma]).scatter_(1, x[:, None], 1.0), "exact"

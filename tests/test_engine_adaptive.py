@@ -225,7 +225,7 @@ def test_auto_payoff_stops_drafting_only_when_it_loses():
     for emitted, seconds, stops in [(1, 0.05, True), (5, 0.02, False)]:
         schedule = GammaSchedule(cfg)
         assert schedule.gamma == 0  # the timed plain step comes first
-        schedule.update(0, 0, 0, 0.01)
+        schedule.update(0, 0, 0, 0.0, 0.01)
         for _ in range(GammaSchedule.PAYOFF_PASSES - 1):
             assert schedule.gamma == 4
             schedule.update(4, 4, emitted - 1, seconds)
@@ -425,6 +425,7 @@ def argmax_p_hat_decoding(target, draft, tok, prompt: str, draft_prompt: str, et
         {"adaptive_gamma": True, "gamma": 2, "gamma_max": 9},
         {"lookup_ngram": 2, "gamma": 3},
         {"lookup_ngram": 3, "gamma": 6, "lookup_tokens": 4},
+        {"adaptive_gamma": "measured", "gamma_max": 8},
     ],
     ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
 )
@@ -432,15 +433,15 @@ def test_eta_positive_greedy_is_argmax_p_hat_at_every_position(
     engines, target, draft, tok, options
 ):
     """With q at every row a pass decides (drafts, copies and the bonus row), greedy RAPID at
-    eta > 0 is one sequence, whoever drafts and however many: argmax p_hat at each position.
-    The call's last token may come from a plain target step (no room left for a draft), so
-    it is left out."""
+    eta > 0 is one sequence, whoever drafts and however many: argmax p_hat at each position,
+    the plain steps' too (the measured gamma's timed first step, the last token with no room
+    left for a draft)."""
     eta, differs = 3.0, 0
     for prompt, draft_prompt in repetitive_prompts(3, seed=11):
-        want = argmax_p_hat_decoding(target, draft, tok, prompt, draft_prompt, eta, 23)
+        want = argmax_p_hat_decoding(target, draft, tok, prompt, draft_prompt, eta, 24)
         out = engines["separate"].generate(
             prompt, draft_prompt, eta=eta, confidence_guard=False, **options
         )
-        assert out.token_ids[:23] == want, (options, prompt)
+        assert out.token_ids == want, (options, prompt)
         differs += want != reference_greedy(target, tok.encode(prompt), 24, len(tok))
     assert differs >= 2  # p_hat changes the text: the test tells RAPID from the target alone
