@@ -58,10 +58,11 @@ class ModelProposer:
         self._gen = generator
         self._need_q = needs_q(config)
         # eta > 0: the draft reads x_k too, so the bonus row has q and follows p_hat
-        # (docs/algorithm.md section 2.7); a grammar's bonus row keeps p.
-        self._bonus_q = config.eta > 0 and constraints is None
+        # (docs/algorithm.md section 2.7); a grammar's bonus row keeps p. `LookupFirst` reads
+        # it too: its copies need the same q (section 2.10).
+        self.reads_ahead = config.eta > 0 and constraints is None
         self._x = state.pending[:0]  # [k] the last proposal
-        self._fed = 0  # how many of its tokens the draft has read (x_k only if _bonus_q)
+        self._fed = 0  # how many of its tokens the draft has read (x_k only if reads_ahead)
 
     def propose(self, gamma: int, room: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft ids x [k] (int64) and q [k, V] (None unless needed; [k + 1, V] with eta > 0,
@@ -84,7 +85,7 @@ class ModelProposer:
             else:
                 break
         self._x, self._fed = torch.cat(xs), len(xs) - 1
-        if self._bonus_q:
+        if self.reads_ahead:
             qs.append(self._q(self.state.feed(xs[-1])[-1:])[0])
             self._fed += 1
         if not self._need_q:
@@ -126,7 +127,7 @@ class ModelProposer:
 
     def q_here(self) -> torch.Tensor | None:
         """See `Proposer.q_here`."""
-        return self.guide(self._x[:0]) if self._bonus_q else None
+        return self.guide(self._x[:0]) if self.reads_ahead else None
 
     def guide(self, x: torch.Tensor) -> torch.Tensor:
         """q [k + 1, V] at the positions of x [k] (copies) and one past them: the draft reads
@@ -358,10 +359,10 @@ class LookupFirst:
     handed to it (`ModelProposer.observe`) and read on its next proposal.
     """
 
-    def __init__(self, lookup: LookupProposer, model: ModelProposer, config: RapidConfig) -> None:
+    def __init__(self, lookup: LookupProposer, model: ModelProposer) -> None:
         self.lookup = lookup
         self.model = model
-        self._guided = config.eta > 0
+        self._guided = model.reads_ahead
         self._x = torch.zeros(0, dtype=torch.long)  # the last proposal
         self.copied = False  # whether the lookup made the last proposal
         self.lookup_drafted = 0

@@ -338,7 +338,7 @@ class RapidEngine:
             # would fall behind), so it drafts only for calls with nothing to shape.
             if cfg.lookup_ngram and shaping[-1] is None:
                 lookup = LookupProposer(plan.draft_ids, plan.ids, cfg.lookup_ngram)
-                proposer = LookupFirst(lookup, proposer, cfg)
+                proposer = LookupFirst(lookup, proposer)
         decode_start = time.perf_counter()
         stats.prefill_seconds = decode_start - start
 

@@ -192,7 +192,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "copies-unguided",
         "copies verified without the draft model's q at eta > 0 (p_hat = p on them)",
         "rapid_integrations/drafting.py",
-        "self._guided = config.eta > 0",
+        "self._guided = model.reads_ahead",
         "self._guided = False",
         ("tests/test_engine_adaptive.py::test_a_copy_emits_p_hat_of_the_drafts_own_q",),
     ),
@@ -200,8 +200,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "bonus-row-without-q",
         "the draft stops before x_k, so a model pass's bonus row has no q and follows p",
         "rapid_integrations/drafting.py",
-        "self._bonus_q = config.eta > 0 and constraints is None",
-        "self._bonus_q = False",
+        "self.reads_ahead = config.eta > 0 and constraints is None",
+        "self.reads_ahead = False",
         (
             "tests/test_engine_adaptive.py::"
             "test_eta_positive_greedy_is_argmax_p_hat_at_every_position",
