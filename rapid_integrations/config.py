@@ -112,12 +112,13 @@ class RapidConfig:
     #     (mode "lc": below some length a draft step costs too much to pay off; 0 = never);
     #     "auto" measures it on each call instead: one plain target step is timed, and the
     #     call stops drafting once its speculative passes emit tokens slower than that;
-    # lookup_ngram  > 0 drafts by copying first: the continuation of the latest earlier
-    #     occurrence of the last n tokens (n = lookup_ngram down to 2) in C^S, the prompt and
-    #     the output; the model drafts where nothing matches (0 = off; a single token would
-    #     match nearly always and leave the model nothing to draft);
-    # lookup_tokens  the most tokens one copy proposes (transformers' prompt_lookup_num_tokens):
-    #     unlike the model's gamma drafts, copies cost no draft steps.
+    # lookup_ngram  > 0 offers copies: the continuation of the latest earlier occurrence of
+    #     the last n tokens (n = lookup_ngram down to 2) in C^S, the prompt and the output
+    #     (0 = off; a single token would match nearly always). With eta > 0 the draft vets
+    #     them as it drafts (the output is unchanged, only faster); with eta = 0 a match is
+    #     proposed before the draft model, as transformers' prompt lookup;
+    # lookup_tokens  the most copies one proposal holds (transformers'
+    #     prompt_lookup_num_tokens): unlike the model's gamma drafts, copies cost no draft steps.
     draft_confidence_threshold: float = 0.0
     adaptive_gamma: bool | Literal["measured"] = False
     gamma_max: int = 32

@@ -2,12 +2,14 @@
 
 Two methods, after transformers' candidate generators: `propose` and `commit`. A proposer may
 return fewer drafts than asked (docs/algorithm.md section 2.9): the loop verifies what it got.
-`LookupProposer` drafts by copying (section 2.10); `LookupFirst` puts it before the model.
+`LookupProposer` offers copies (section 2.10); `LookupFirst` has the model vet them as it
+drafts (eta > 0) or proposes them before the model (eta = 0).
 `GammaSchedule` says how many drafts to ask for next.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -17,11 +19,21 @@ from .constraints import Constraints
 from .kv import KVState
 from .sampling import check_finite, log_probs
 
+Find = Callable[[list[int], int], list[int]]
+"""Copies continuing the sequence and the given drafts, at most n ids ([] if none):
+`LookupProposer.find`."""
+
 
 class Proposer(Protocol):
     copied: bool
-    """Whether the last proposal was copied, not drafted by a model (docs/algorithm.md
-    section 2.10): the verdict then treats its proposal as one-hot (`verify.verdict`)."""
+    """Whether the last proposal is copies the draft model did not vet (docs/algorithm.md
+    section 2.10, eta = 0): the verdict then treats its proposal as one-hot (`verify.verdict`)."""
+
+    @property
+    def copies(self) -> int:
+        """How many drafts of the last proposal were copied (the gamma schedule times passes
+        without copies only)."""
+        ...
 
     def propose(self, gamma: int, room: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft k tokens, 0 <= k <= max(gamma, room): ids [k] and the draft model's
@@ -51,48 +63,126 @@ class ModelProposer:
         config: RapidConfig,
         generator: torch.Generator,
         constraints: Constraints | None = None,
+        end_ids: frozenset[int] = frozenset(),
     ) -> None:
         self.state = state
         self._constraints = constraints
+        # Ids that end the call: nothing drafted after one can be emitted (kept, it ends the
+        # call; rejected, the drafts after it go too), so drafting stops there.
+        self._end_ids = end_ids
         self._cfg = config
         self._gen = generator
         self._need_q = needs_q(config)
         # eta > 0: the draft reads x_k too, so the bonus row has q and follows p_hat
         # (docs/algorithm.md section 2.7); a grammar's bonus row keeps p. `LookupFirst` reads
-        # it too: its copies need the same q (section 2.10).
+        # it too: with q at hand the draft vets copies (section 2.10).
         self.reads_ahead = config.eta > 0 and constraints is None
         self._x = state.pending[:0]  # [k] the last proposal
         self._fed = 0  # how many of its tokens the draft has read (x_k only if reads_ahead)
+        self.copied_at: list[int] = []  # which drafts of the last proposal were copies
 
-    def propose(self, gamma: int, room: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    @property
+    def copies(self) -> int:
+        return len(self.copied_at)
+
+    def propose(
+        self, gamma: int, room: int = 0, find: Find | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft ids x [k] (int64) and q [k, V] (None unless needed; [k + 1, V] with eta > 0,
-        a row for the bonus position too), k <= gamma: fewer when the confidence threshold
-        stops drafting early. See `Proposer` (`room` is for copies)."""
-        if gamma == 0:
+        a row for the bonus position too, unless x_k ends the call). The model picks at most
+        `gamma` of them: fewer when the confidence threshold or an end id stops drafting.
+
+        With `find` (eta > 0 only), each forward pass of the draft also reads the copies
+        `find` offers after the drafts so far and keeps a prefix of them as drafts (`_read`,
+        docs/algorithm.md section 2.10): at most `lookup_tokens` copies a proposal, and
+        `copied_at` says which. k <= max(gamma, room)."""
+        self.copied_at = []
+        if gamma == 0 and find is None:
             self._x, self._fed = self._x[:0], 0
             return self._x, None
-        logits = self.state.feed()[-1]  # [V]
-        xs, qs, rows = [], [], []
-        for i in range(gamma):
-            x, q = self._pick(self._shaped(logits))
-            if self._constraints is not None:
-                self._constraints.advance(x)
-            xs.append(x)
-            qs.append(q)
-            rows.append(logits)
-            if i + 1 < gamma and self._confident(logits, x, q):
-                logits = self.state.feed(x)[-1]
-            else:
+        xs: list[torch.Tensor] = []  # drafts [1] ...
+        qs: list[torch.Tensor] = []  # ... their q [V]
+        picked: list[torch.Tensor] = []  # the logits [V] of each model pick
+        tail = self._x[:0]  # what the draft reads next: its pending tokens, then the last pick
+        limit = max(gamma, room)
+        while True:
+            logits, unkept = self._read(tail, xs, qs, limit, find)
+            if len(picked) >= gamma or len(xs) >= limit or self._ended(xs):
+                read_all = True  # nothing left to pick: the bonus row is `logits`
                 break
-        self._x, self._fed = torch.cat(xs), len(xs) - 1
-        if self.reads_ahead:
-            qs.append(self._q(self.state.feed(xs[-1])[-1:])[0])
-            self._fed += 1
-        if not self._need_q:
+            tail, q = self._pick(self._shaped(logits), unkept)
+            if self._constraints is not None:
+                self._constraints.advance(tail)
+            xs.append(tail)
+            qs.append(q)
+            picked.append(logits)
+            more = len(picked) < gamma and len(xs) < limit
+            # One sync per draft step, as the confidence threshold's: a draft past an end id
+            # would cost a whole draft step.
+            if not (more and self._confident(logits, tail, q) and not self._ends(tail)):
+                read_all = False
+                break
+        return self._finish(xs, qs, picked, logits if read_all else None)
+
+    def _read(
+        self,
+        tail: torch.Tensor,
+        xs: list[torch.Tensor],
+        qs: list[torch.Tensor],
+        limit: int,
+        find: Find | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward pass of the draft over `tail` ([t] ids) and the copies `find` offers
+        after the drafts xs (up to `limit` drafts in all). Copy i is kept with probability q_i(x_i), a one-hot proposal's
+        acceptance (greedy: while each is q's argmax, the draft's own pick), and the kept
+        prefix joins xs and qs, so every draft is distributed as q, as if the draft had
+        drafted it. Returns the draft's logits [V] past xs and the first copy it did not keep
+        ([1]; None if none): the next pick comes from q without it, so it follows q too."""
+        n = min(limit - len(xs), self._cfg.lookup_tokens - self.copies)
+        found = find(torch.cat(xs).tolist() if xs else [], n) if find and n > 0 else []
+        copies = torch.tensor(found, dtype=torch.long, device=tail.device)
+        k = copies.numel()
+        rows = self.state.feed(torch.cat([tail, copies]))[-(k + 1) :]  # [k + 1, V] logits
+        if not k:
+            return rows[0], None
+        q = self._q(rows[:k])
+        if self._cfg.greedy:
+            keep = rows[:k].argmax(-1) == copies
+        else:
+            u = torch.rand(k, generator=self._gen, device=q.device)
+            keep = u < q.gather(1, copies[:, None])[:, 0]
+        # Kept up to the first copy not kept, or through the first end id (then drafting stops).
+        keep[1:] &= ~torch.isin(copies[:-1], self._end_tensor(copies))
+        kept = int(keep.int().cumprod(0).sum())
+        self.state.rollback(k - kept)
+        self.copied_at += range(len(xs), len(xs) + kept)
+        xs.extend(copies[:kept, None])  # [1] each
+        qs.extend(q[:kept])
+        return rows[kept], (copies[kept : kept + 1] if kept < k else None)
+
+    def _finish(
+        self,
+        xs: list[torch.Tensor],
+        qs: list[torch.Tensor],
+        picked: list[torch.Tensor],
+        past: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The proposal from drafts xs, their q rows and the model picks' logits; `past` [V]:
+        the draft's logits past every draft (it has read them all), None when it has not
+        read the last pick. With eta > 0 the bonus row's q comes from `past`, or from one more
+        forward pass over the last pick (none after an end id: it is never emitted)."""
+        self._x = torch.cat(xs) if xs else self._x[:0]
+        self._fed = len(xs) - (past is None)
+        if self.reads_ahead and not self._ended(xs):
+            if past is None:
+                past = self.state.feed(xs[-1])[-1]
+                self._fed += 1
+            qs.append(self._q(past[None])[0])
+        if not self._need_q and picked:
             # log_probs checks the logits whenever q is computed; once per proposal here, as a
             # check per step would wait on the device between draft steps.
-            check_finite(torch.stack(rows), "the draft model")
-        return self._x, (torch.stack(qs) if self._need_q else None)
+            check_finite(torch.stack(picked), "the draft model")
+        return self._x, (torch.stack(qs) if self._need_q and qs else None)
 
     def _shaped(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [V] through the call's constraints (docs/algorithm.md section 9); the
@@ -101,13 +191,18 @@ class ModelProposer:
             return logits
         return self._constraints.apply(logits[None], logits.new_empty(0, dtype=torch.long))[0]
 
-    def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One draft token [1] from logits [V], with q [V] when needed."""
+    def _pick(
+        self, logits: torch.Tensor, unkept: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One draft token [1] from logits [V], with q [V] when needed. `unkept` [1]: a copy
+        the draft did not keep (`vet`), so the token comes from q without it, q's residual
+        after a one-hot proposal; greedy needs no change, as the argmax is not that copy."""
         if self._cfg.greedy:
             q = self._q(logits[None])[0] if self._need_q else None
             return logits.argmax(-1, keepdim=True), q
         q = self._q(logits[None])[0]
-        return torch.multinomial(q, 1, generator=self._gen), q
+        rest = q if unkept is None else q.index_fill(0, unkept, 0.0)
+        return torch.multinomial(rest, 1, generator=self._gen), q
 
     def _q(self, logits: torch.Tensor) -> torch.Tensor:
         """The draft's sampling distributions [k, V] from logits [k, V] (greedy: T = 1)."""
@@ -125,16 +220,23 @@ class ModelProposer:
         probs = q if q is not None else torch.softmax(logits.float(), dim=-1)
         return bool(probs[x] >= threshold)
 
-    def q_here(self) -> torch.Tensor | None:
-        """See `Proposer.q_here`."""
-        return self.guide(self._x[:0]) if self.reads_ahead else None
+    def _ends(self, x: torch.Tensor) -> bool:
+        """Whether the draft x [1] ends the call (no bonus row either: it is never emitted)."""
+        return bool(self._end_ids) and int(x) in self._end_ids
 
-    def guide(self, x: torch.Tensor) -> torch.Tensor:
-        """q [k + 1, V] at the positions of x [k] (copies) and one past them: the draft reads
-        its pending tokens and x in one pass, and picks none of them."""
-        rows = self.state.feed(x)[-(x.numel() + 1) :]  # [k + 1, V]
-        self._x, self._fed = x, x.numel()
-        return self._q(rows)
+    def _ended(self, xs: list[torch.Tensor]) -> bool:
+        return bool(xs) and self._ends(xs[-1])
+
+    def _end_tensor(self, like: torch.Tensor) -> torch.Tensor:
+        """The end ids as a tensor [e] on `like`'s device."""
+        return torch.tensor(sorted(self._end_ids), dtype=torch.long, device=like.device)
+
+    def q_here(self) -> torch.Tensor | None:
+        """See `Proposer.q_here`: the draft reads its pending tokens and drafts nothing."""
+        if not self.reads_ahead:
+            return None
+        self._x, self._fed = self._x[:0], 0
+        return self._q(self.state.feed()[-1:])
 
     def observe(self, tokens: torch.Tensor) -> None:
         """Commit `tokens` ([k] ids) that another proposer drafted: read on the next propose."""
@@ -334,13 +436,13 @@ class LookupProposer:
                 self._next[tuple(self._tokens[i - n : i])] = i
             self._tokens.append(token)
 
-    def find(self, room: int) -> list[int]:
-        """Up to `room` ids continuing the sequence's longest matched suffix ([] if none)."""
-        end = len(self._tokens)
-        for n in range(self._ngram, 1, -1):
-            if end - n < self._start:
-                continue
-            at = self._next.get(tuple(self._tokens[end - n :]))
+    def find(self, drafts: list[int], room: int) -> list[int]:
+        """Up to `room` ids continuing the longest matched suffix of the sequence followed by
+        `drafts` (ids not committed yet), [] if none."""
+        n_max = min(self._ngram, len(self._tokens) - self._start + len(drafts))
+        tail = (self._tokens[-self._ngram :] + drafts)[-self._ngram :]
+        for n in range(n_max, 1, -1):
+            at = self._next.get(tuple(tail[-n:]))
             if at is not None:
                 return self._tokens[at : at + room]
         return []
@@ -353,18 +455,22 @@ class LookupProposer:
 class LookupFirst:
     """The composite proposer: the lookup drafts where it finds a match, the model elsewhere.
 
-    With eta > 0 the model reads each copied pass (`ModelProposer.guide`), so that every
-    verdict has its q (docs/algorithm.md section 2.10). With eta = 0 the verdict needs none:
-    the model's cache falls behind while the lookup drafts, and the tokens kept meanwhile are
-    handed to it (`ModelProposer.observe`) and read on its next proposal.
+    With eta > 0 the model reads the copies and vets them as it drafts (`ModelProposer`'s
+    `find`, docs/algorithm.md section 2.10): what it keeps is distributed as its own drafts,
+    and the verdict treats the pass as drafted. With eta = 0 the verdict needs no q and a
+    match is proposed as it is, checked one-hot: the model's cache falls behind while the
+    lookup drafts, and the tokens kept meanwhile are handed to it (`ModelProposer.observe`)
+    and read on its next proposal.
     """
 
-    def __init__(self, lookup: LookupProposer, model: ModelProposer) -> None:
+    def __init__(self, lookup: LookupProposer, model: ModelProposer, max_copies: int) -> None:
         self.lookup = lookup
         self.model = model
-        self._guided = model.reads_ahead
+        self._vetted = model.reads_ahead
+        self._max_copies = max_copies  # copies one proposal of unvetted copies may hold
         self._x = torch.zeros(0, dtype=torch.long)  # the last proposal
-        self.copied = False  # whether the lookup made the last proposal
+        self.copied = False  # whether the last proposal is unvetted copies
+        self.copied_at: list[int] = []  # which drafts of the last proposal were copied
         self.lookup_drafted = 0
         self.lookup_accepted = 0
 
@@ -373,24 +479,30 @@ class LookupFirst:
         return self.model.state
 
     def propose(self, gamma: int, room: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
-        found = self.lookup.find(room)
-        self.copied = bool(found)
-        if not found:
-            self._x, q = self.model.propose(gamma)
-            return self._x, q
-        self._x = torch.tensor(found, dtype=torch.long, device=self.model.state.pending.device)
-        return self._x, (self.model.guide(self._x) if self._guided else None)
+        found = self.lookup.find([], min(room, self._max_copies))
+        self.copied = bool(found) and not self._vetted
+        if self.copied:
+            self.copied_at = list(range(len(found)))
+            self._x = torch.tensor(found, device=self.model.state.pending.device)
+            return self._x, None
+        find = self.lookup.find if self._vetted and (found or gamma) else None
+        self._x, q = self.model.propose(gamma, room, find)
+        self.copied_at = self.model.copied_at
+        return self._x, q
+
+    @property
+    def copies(self) -> int:
+        return len(self.copied_at)
 
     def q_here(self) -> torch.Tensor | None:
-        self._x, self.copied = self._x[:0], False
+        self._x, self.copied, self.copied_at = self._x[:0], False, []
         return self.model.q_here()
 
     def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
         kept = torch.cat([self._x[:accepted], token.to(self._x.device)])
+        self.lookup_drafted += self.copies
+        self.lookup_accepted += sum(i < accepted for i in self.copied_at)
         if self.copied:
-            self.lookup_drafted += gamma
-            self.lookup_accepted += accepted
-        if self.copied and not self._guided:
             self.model.observe(kept)
         else:
             self.model.commit(accepted, gamma, token)

@@ -80,14 +80,14 @@ def speculate(
     while True:
         start = time.perf_counter()
         left = budget() - 1 if proposer and schedule.drafting else 0
-        asked, room = min(schedule.gamma, left), min(cfg.lookup_tokens, left)
+        asked = min(schedule.gamma, left)
         forwards = proposer.state.forward_passes if proposer else 0
         x, q = target.pending[:0], None  # a plain step: q too, unless drafting stopped (2.7)
         if left > 0:
-            x, q = proposer.propose(asked, room)
+            x, q = proposer.propose(asked, left)
         elif proposer and not schedule.stopped:
             q = proposer.q_here()
-        copied = bool(left > 0 and proposer and proposer.copied)
+        copies, copied = (proposer.copies, proposer.copied) if left > 0 else (0, False)
         drafted_at = time.perf_counter()
         gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)
         z = target.feed(x)
@@ -100,7 +100,7 @@ def speculate(
             constraints.settle(n, token)
         if proposer:
             proposer.commit(n, gamma, token)
-        if not copied:  # the schedule times the model's drafts (section 2.10)
+        if not copies:  # the schedule times the model's drafts (section 2.10)
             seconds = drafted_at - start, time.perf_counter() - drafted_at
             forwards = proposer.state.forward_passes - forwards if proposer else 0
             schedule.update(asked, gamma, n, *seconds, forwards)
@@ -323,6 +323,8 @@ class RapidEngine:
         target = self._start(plan.main, plan.ids, limit, cfg)
         stats.cached_prefix_tokens = target.reused_tokens
         proposer, shaping = None, [self._constraints(plan, plan.main, "the model")]
+        # A grammar ends on its stop tokens even under ignore_eos: nothing may follow it.
+        eos = frozenset() if cfg.ignore_eos and not plan.grammar else self.eos_token_ids
         if plan.draft_ids is not None:
             draft_at = logits_device(self.draft)
             draft_gen = (
@@ -333,18 +335,16 @@ class RapidEngine:
             draft = self._start(self.draft, plan.draft_ids, limit, cfg)
             stats.draft_cached_prefix_tokens = draft.reused_tokens
             shaping.append(self._constraints(plan, self.draft, "the draft model"))
-            proposer = ModelProposer(draft, cfg, draft_gen, shaping[-1])
+            proposer = ModelProposer(draft, cfg, draft_gen, shaping[-1], eos)
             # The lookup's copies bypass the draft's constraints (its matcher and history
             # would fall behind), so it drafts only for calls with nothing to shape.
             if cfg.lookup_ngram and shaping[-1] is None:
                 lookup = LookupProposer(plan.draft_ids, plan.ids, cfg.lookup_ngram)
-                proposer = LookupFirst(lookup, proposer)
+                proposer = LookupFirst(lookup, proposer, cfg.lookup_tokens)
         decode_start = time.perf_counter()
         stats.prefill_seconds = decode_start - start
 
         detok = Detokenizer(self.tokenizer, cfg.stop)
-        # A grammar ends on its stop tokens even under ignore_eos: nothing may follow it.
-        eos = frozenset() if cfg.ignore_eos and not plan.grammar else self.eos_token_ids
         guarded = cfg.end_guard and eos and cfg.eta > 0
         end_ids = torch.tensor(sorted(eos), device=gen.device) if guarded else None
         steps = speculate(

@@ -1,7 +1,7 @@
 """docs/algorithm.md sections 2.9 and 2.10 on tiny random models: adaptive drafting and the
 lookup proposer change how many drafts each pass gets and who makes them, never the output's
 law: eta = 0 greedy is the target's own greedy decoding, eta = 0 sampling follows p, and at
-eta > 0 a copied draft's position follows p_hat built from the draft model's own q there."""
+eta > 0 the draft vets copies, so a copied position follows a model draft's law."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine
-from rapid_integrations.drafting import GammaSchedule, LookupProposer
+from rapid_integrations.drafting import GammaSchedule, LookupProposer, ModelProposer
+from rapid_integrations.kv import KVState
 from tests import oracle
 from tests.test_engine_distribution import assert_follows
 from tests.test_engine_exact import random_prompts
@@ -192,19 +193,22 @@ def test_draft_stops_after_a_token_below_the_confidence_threshold(tok, draft, th
 
 def test_lookup_proposes_the_latest_continuation_of_the_longest_suffix():
     lookup = LookupProposer(corpus=[5, 6, 7, 8], sequence=[1, 2, 3, 9, 2, 3], ngram=3)
-    assert lookup.find(4) == [9, 2, 3]  # (2, 3) was followed by 9 in the sequence
+    assert lookup.find([], 4) == [9, 2, 3]  # (2, 3) was followed by 9 in the sequence
     lookup.extend(torch.tensor([4]))  # sequence ... 2 3 4: (3, 4) never occurred before
-    assert lookup.find(4) == []
+    assert lookup.find([], 4) == []
     lookup.extend(torch.tensor([5, 6]))  # (5, 6) occurred in the corpus, followed by 7, 8
-    assert lookup.find(2) == [7, 8]
+    assert lookup.find([], 2) == [7, 8]
     lookup.extend(torch.tensor([1, 2, 3]))  # (1, 2, 3) matches the start of the sequence
-    assert lookup.find(3) == [9, 2, 3]
+    assert lookup.find([], 3) == [9, 2, 3]
+    # Drafts not committed extend the suffix: ... 2 3 + (9, 2) matches (3, 9, 2), then 3 4 ...
+    assert lookup.find([9, 2], 4) == [3, 4, 5, 6]
+    assert lookup.find([4], 2) == [5, 6] and lookup.find([8], 2) == []
 
 
 def test_lookup_never_matches_across_the_seam_of_corpus_and_sequence():
     lookup = LookupProposer(corpus=[1, 2], sequence=[3, 4, 1, 2], ngram=2)
     # (2, 3) spans the seam and must not exist; (1, 2) at the corpus end has no continuation.
-    assert lookup.find(3) == []
+    assert lookup.find([], 3) == []
 
 
 def test_speculation_below_min_context_is_target_alone(engines, target, tok):
@@ -355,28 +359,104 @@ def test_eta0_sampling_first_two_tokens_follow_p(sampler, target, tok):
     assert_follows(second, p2.numpy())
 
 
-def test_a_copy_emits_p_hat_of_the_drafts_own_q(sampler, target, draft, tok):
-    """eta = 4 with a copied draft x at the first position: the emitted token follows p_hat
-    of p and the draft model's q there (the oracle's, docs/algorithm.md section 2.10), not p
-    and not the law a one-hot q would give (the test tells the three apart)."""
+def test_a_vetted_copy_follows_the_model_drafts_law(sampler, target, draft, tok):
+    """eta = 4 with a copy "c" at the first position: the draft vets it (docs/algorithm.md
+    section 2.10), so the emitted token follows the law of a model draft there (section 4,
+    from p and the draft's own q; with the exact residual, p_hat), not p and not the law of
+    the copy verified one-hot."""
     eta = 4.0
-    rules = oracle.Rules(eta)
+    rules = oracle.Rules(eta, residual="exact")
     p = next_token_probs(target, tok.encode(PROMPT), len(tok)).numpy()
     q = next_token_probs(draft, tok.encode(DRAFT_PROMPT), len(tok)).numpy()
-    law = oracle.augmented(p[None], q[None], rules)[0]
+    law = oracle.one_token_law(p, q, rules)
     onehot = np.eye(len(tok))[tok.encode("c")[0]]
     pulled = oracle.one_token_law(p, onehot, rules)
     assert oracle.total_variation(np.stack([law, law]), np.stack([p, pulled])).min() > 0.2
     overrides = {"eta": eta, "confidence_guard": False, "lookup_ngram": 2, "gamma": 2}
-    (counts,) = emitted(sampler, max_new_tokens=3, **overrides)
+    (counts,) = emitted(sampler, max_new_tokens=3, residual="exact", **overrides)
     assert_follows(counts, law)
+
+
+def vetting(draft, tok, temperature: float, gen: torch.Generator) -> ModelProposer:
+    """A fresh draft proposer at eta 2 after DRAFT_PROMPT."""
+    ids = tok.encode(DRAFT_PROMPT)
+    state = KVState.start(draft, ids, len(tok), chunk=4, capacity=len(ids) + 12)
+    return ModelProposer(state, RapidConfig(eta=2.0, temperature=temperature), gen)
+
+
+def offering(copies: list[int], after: list[int]):
+    """A `find` that offers `copies` after the drafts `after`, and nothing elsewhere."""
+    return lambda drafts, n: copies[:n] if drafts == after else []
+
+
+@pytest.mark.parametrize("copy", ["e", "d"])
+def test_vetting_a_copy_drafts_from_q(draft, tok, copy):
+    """Sampled: the first draft of a vetted copy, kept or replaced, is distributed as the
+    draft's own q there, whatever the copy (the likeliest, q = 0.23, and an unlikely one,
+    0.015), so the verdict may treat it as drafted; the copy is kept with probability q(copy)."""
+    q = next_token_probs(draft, tok.encode(DRAFT_PROMPT), len(tok)).numpy()
+    copies = tok.encode(copy + "ab")
+    gen = torch.Generator().manual_seed(0)
+    counts, kept = np.zeros(len(tok)), 0
+    for _ in range(N):
+        proposer = vetting(draft, tok, 1.0, gen)
+        x, rows = proposer.propose(2, 3, offering(copies, []))
+        assert rows.shape == (len(x) + 1, len(tok)) and len(x) <= 3
+        counts[int(x[0])] += 1
+        kept += proposer.copied_at[:1] == [0]
+    assert_follows(counts, q)
+    share = q[copies[0]]
+    assert abs(kept / N - share) < 4 * (share * (1 - share) / N) ** 0.5 + 1 / N
+
+
+def test_vetting_greedy_keeps_the_copies_the_draft_would_draft(draft, tok):
+    """Greedy: copies offered after a pick are read with it in one forward pass and kept
+    while each is the draft's argmax; from the first that is not, the draft picks again. So
+    the proposal is the draft's own greedy drafting, in fewer forward passes."""
+    proposer, ids = vetting(draft, tok, 0.0, torch.Generator()), tok.encode(DRAFT_PROMPT)
+    own = reference_greedy(draft, ids, 8, len(tok))
+    wrong = (own[3] + 1) % len(tok)
+    x, q = proposer.propose(3, 8, offering([own[1], own[2], wrong, own[4]], own[:1]))
+    # Forward passes: the pending token; own[0] with the copies; own[3]; the bonus row's.
+    assert x.tolist() == own[:5] and len(q) == 6 and proposer.state.forward_passes == 4
+    assert proposer.copied_at == [1, 2]
+    proposer.commit(5, 5, torch.tensor([5]))
+    assert proposer.propose(1)[0].tolist() == reference_greedy(
+        draft, [*ids, *own[:5], 5], 1, len(tok)
+    )
+
+
+def test_copies_that_fill_the_room_end_the_proposal(draft, tok):
+    """Copies kept up to the room end the proposal without another pick: the bonus row's q
+    comes from the pass that read them, and the cache follows a verdict that keeps fewer."""
+    proposer, ids = vetting(draft, tok, 0.0, torch.Generator()), tok.encode(DRAFT_PROMPT)
+    own = reference_greedy(draft, ids, 3, len(tok))
+    x, q = proposer.propose(2, 3, offering(own[1:3], own[:1]))
+    assert x.tolist() == own and len(q) == 4 and proposer.state.forward_passes == 2
+    proposer.commit(1, 3, torch.tensor([5]))
+    assert proposer.propose(1)[0].tolist() == reference_greedy(
+        draft, [*ids, own[0], 5], 1, len(tok)
+    )
+
+
+def test_drafting_stops_at_an_end_id(draft, tok):
+    """Nothing drafted after an end id can be emitted: drafting stops at one, without the bonus
+    row's forward pass past it (docs/algorithm.md section 2.7)."""
+    ids = tok.encode(DRAFT_PROMPT)
+    own = reference_greedy(draft, ids, 6, len(tok))
+    state = KVState.start(draft, ids, len(tok), chunk=4, capacity=len(ids) + 8)
+    proposer = ModelProposer(
+        state, RapidConfig(eta=2.0), torch.Generator(), end_ids=frozenset(own[2:3])
+    )
+    x, q = proposer.propose(6)
+    assert x.tolist() == own[:3] and len(q) == 3 and state.forward_passes == 3
 
 
 def test_every_q_the_verdict_reads_is_the_drafts_own(engines, draft, tok, monkeypatch):
     """Greedy, eta = 3, copies and model drafts mixed: each q row the verdict reads (one row
     past the drafts too) equals the draft model's no-cache distribution after
     the draft prompt, the tokens emitted so far and the drafts before that row, so the draft
-    cache follows every verdict, copied or drafted (docs/algorithm.md section 2.10)."""
+    cache follows every verdict and every vetted copy (docs/algorithm.md section 2.10)."""
     from rapid_integrations import engine as engine_module
 
     seen = []
@@ -386,21 +466,30 @@ def test_every_q_the_verdict_reads_is_the_drafts_own(engines, draft, tok, monkey
         seen.append((x.tolist(), q, copied, verdict[0], int(verdict[1])))
         return verdict
 
-    real = engine_module.verdict
+    def find(self, drafts, room):
+        found = real_find(self, drafts, room)
+        offered.append(len(found))
+        return found
+
+    real, real_find, offered = engine_module.verdict, LookupProposer.find, []
     monkeypatch.setattr(engine_module, "verdict", recording)
-    copies = drafted = 0
-    for prompt, draft_prompt in repetitive_prompts(3, seed=7):
+    monkeypatch.setattr(LookupProposer, "find", find)
+    drafted = copies = 0
+    for prompt, draft_prompt in repetitive_prompts(4, seed=7):
         seen.clear()
-        engines["separate"].generate(prompt, draft_prompt, eta=3.0, lookup_ngram=2, gamma=3)
+        out = engines["separate"].generate(prompt, draft_prompt, eta=3.0, lookup_ngram=2, gamma=3)
         emitted_ids = tok.encode(draft_prompt)
         for x, q, copied, n, token in seen:
-            copies, drafted = copies + copied, drafted + (bool(x) and not copied)
+            assert not copied  # vetted copies are verified as drafts
             assert len(x) == 0 or len(q) == len(x) + 1  # a plain last step has no drafts
             for row in range(len(q) if x else 0):
                 want = next_token_probs(draft, emitted_ids + x[:row], len(tok))
                 assert torch.allclose(q[row].double(), want, atol=1e-5), (x, row)
             emitted_ids += [*x[:n], token]
-    assert copies > 3 and drafted > 3
+            drafted += bool(x)
+        copies += out.stats.lookup_drafted_tokens
+    # Copies offered and kept, copies offered and replaced, and passes the model drafted.
+    assert 0 < copies < sum(offered) and drafted > 3
 
 
 def argmax_p_hat_decoding(target, draft, tok, prompt: str, draft_prompt: str, eta: float, n: int):
