@@ -114,9 +114,9 @@ class RapidConfig:
     #     call stops drafting once its speculative passes emit tokens slower than that;
     # lookup_ngram  > 0 offers copies: the continuation of the latest earlier occurrence of
     #     the last n tokens (n = lookup_ngram down to 2) in C^S, the prompt and the output
-    #     (0 = off; a single token would match nearly always). With eta > 0 the draft vets
-    #     them as it drafts (the output is unchanged, only faster); with eta = 0 a match is
-    #     proposed before the draft model, as transformers' prompt lookup;
+    #     (0 = off; a single token would match nearly always). The draft vets them as it
+    #     drafts, keeping those its own drafting would give: the output is unchanged, only
+    #     faster;
     # lookup_tokens  the most copies one proposal holds (transformers'
     #     prompt_lookup_num_tokens): unlike the model's gamma drafts, copies cost no draft steps.
     draft_confidence_threshold: float = 0.0

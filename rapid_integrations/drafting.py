@@ -3,7 +3,7 @@
 Two methods, after transformers' candidate generators: `propose` and `commit`. A proposer may
 return fewer drafts than asked (docs/algorithm.md section 2.9): the loop verifies what it got.
 `LookupProposer` offers copies (section 2.10); `LookupFirst` has the model vet them as it
-drafts (eta > 0) or proposes them before the model (eta = 0).
+drafts.
 `GammaSchedule` says how many drafts to ask for next.
 """
 
@@ -25,10 +25,6 @@ Find = Callable[[list[int], int], list[int]]
 
 
 class Proposer(Protocol):
-    copied: bool
-    """Whether the last proposal is copies the draft model did not vet (docs/algorithm.md
-    section 2.10, eta = 0): the verdict then treats its proposal as one-hot (`verify.verdict`)."""
-
     @property
     def copies(self) -> int:
         """How many drafts of the last proposal were copied (the gamma schedule times passes
@@ -55,8 +51,6 @@ class Proposer(Protocol):
 class ModelProposer:
     """Drafts with a causal LM over its own (short) prompt and KV cache."""
 
-    copied = False
-
     def __init__(
         self,
         state: KVState,
@@ -74,8 +68,7 @@ class ModelProposer:
         self._gen = generator
         self._need_q = needs_q(config)
         # eta > 0: the draft reads x_k too, so the bonus row has q and follows p_hat
-        # (docs/algorithm.md section 2.7); a grammar's bonus row keeps p. `LookupFirst` reads
-        # it too: with q at hand the draft vets copies (section 2.10).
+        # (docs/algorithm.md section 2.7); a grammar's bonus row keeps p.
         self.reads_ahead = config.eta > 0 and constraints is None
         self._x = state.pending[:0]  # [k] the last proposal
         self._fed = 0  # how many of its tokens the draft has read (x_k only if reads_ahead)
@@ -92,7 +85,7 @@ class ModelProposer:
         a row for the bonus position too, unless x_k ends the call). The model picks at most
         `gamma` of them: fewer when the confidence threshold or an end id stops drafting.
 
-        With `find` (eta > 0 only), each forward pass of the draft also reads the copies
+        With `find`, each forward pass of the draft also reads the copies
         `find` offers after the drafts so far and keeps a prefix of them as drafts (`_read`,
         docs/algorithm.md section 2.10): at most `lookup_tokens` copies a proposal, and
         `copied_at` says which. k <= max(gamma, room)."""
@@ -145,8 +138,8 @@ class ModelProposer:
         rows = self.state.feed(torch.cat([tail, copies]))[-(k + 1) :]  # [k + 1, V] logits
         if not k:
             return rows[0], None
-        q = self._q(rows[:k])
-        if self._cfg.greedy:
+        q = self._q(rows[:k]) if self._need_q else None  # [k, V]
+        if q is None or self._cfg.greedy:
             keep = rows[:k].argmax(-1) == copies
         else:
             u = torch.rand(k, generator=self._gen, device=q.device)
@@ -157,7 +150,7 @@ class ModelProposer:
         self.state.rollback(k - kept)
         self.copied_at += range(len(xs), len(xs) + kept)
         xs.extend(copies[:kept, None])  # [1] each
-        qs.extend(q[:kept])
+        qs.extend(q[:kept] if q is not None else [])
         return rows[kept], (copies[kept : kept + 1] if kept < k else None)
 
     def _finish(
@@ -237,10 +230,6 @@ class ModelProposer:
             return None
         self._x, self._fed = self._x[:0], 0
         return self._q(self.state.feed()[-1:])
-
-    def observe(self, tokens: torch.Tensor) -> None:
-        """Commit `tokens` ([k] ids) that another proposer drafted: read on the next propose."""
-        self.state.append(tokens)
 
     def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
         """Roll the draft cache back to the kept drafts and queue `token` [1] (int64) after them."""
@@ -453,24 +442,14 @@ class LookupProposer:
 
 
 class LookupFirst:
-    """The composite proposer: the lookup drafts where it finds a match, the model elsewhere.
+    """The composite proposer: the model drafts, and vets the lookup's copies as it goes
+    (`ModelProposer.propose` with `find`, docs/algorithm.md section 2.10); what it keeps is
+    distributed as its own drafts, so the lookup changes speed, never the output."""
 
-    With eta > 0 the model reads the copies and vets them as it drafts (`ModelProposer`'s
-    `find`, docs/algorithm.md section 2.10): what it keeps is distributed as its own drafts,
-    and the verdict treats the pass as drafted. With eta = 0 the verdict needs no q and a
-    match is proposed as it is, checked one-hot: the model's cache falls behind while the
-    lookup drafts, and the tokens kept meanwhile are handed to it (`ModelProposer.observe`)
-    and read on its next proposal.
-    """
-
-    def __init__(self, lookup: LookupProposer, model: ModelProposer, max_copies: int) -> None:
+    def __init__(self, lookup: LookupProposer, model: ModelProposer) -> None:
         self.lookup = lookup
         self.model = model
-        self._vetted = model.reads_ahead
-        self._max_copies = max_copies  # copies one proposal of unvetted copies may hold
         self._x = torch.zeros(0, dtype=torch.long)  # the last proposal
-        self.copied = False  # whether the last proposal is unvetted copies
-        self.copied_at: list[int] = []  # which drafts of the last proposal were copied
         self.lookup_drafted = 0
         self.lookup_accepted = 0
 
@@ -478,32 +457,22 @@ class LookupFirst:
     def state(self) -> KVState:
         return self.model.state
 
-    def propose(self, gamma: int, room: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
-        found = self.lookup.find([], min(room, self._max_copies))
-        self.copied = bool(found) and not self._vetted
-        if self.copied:
-            self.copied_at = list(range(len(found)))
-            self._x = torch.tensor(found, device=self.model.state.pending.device)
-            return self._x, None
-        find = self.lookup.find if self._vetted and (found or gamma) else None
-        self._x, q = self.model.propose(gamma, room, find)
-        self.copied_at = self.model.copied_at
-        return self._x, q
-
     @property
     def copies(self) -> int:
-        return len(self.copied_at)
+        return self.model.copies
+
+    def propose(self, gamma: int, room: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # After the payoff stop (gamma 0) the draft reads nothing unless there are copies.
+        find = self.lookup.find if gamma or self.lookup.find([], 1) else None
+        self._x, q = self.model.propose(gamma, room, find)
+        return self._x, q
 
     def q_here(self) -> torch.Tensor | None:
-        self._x, self.copied, self.copied_at = self._x[:0], False, []
+        self._x = self._x[:0]
         return self.model.q_here()
 
     def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
-        kept = torch.cat([self._x[:accepted], token.to(self._x.device)])
-        self.lookup_drafted += self.copies
-        self.lookup_accepted += sum(i < accepted for i in self.copied_at)
-        if self.copied:
-            self.model.observe(kept)
-        else:
-            self.model.commit(accepted, gamma, token)
-        self.lookup.extend(kept)
+        self.lookup_drafted += self.model.copies
+        self.lookup_accepted += sum(i < accepted for i in self.model.copied_at)
+        self.model.commit(accepted, gamma, token)
+        self.lookup.extend(torch.cat([self._x[:accepted], token.to(self._x.device)]))

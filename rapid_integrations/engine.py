@@ -87,13 +87,13 @@ def speculate(
             x, q = proposer.propose(asked, left)
         elif proposer and not schedule.stopped:
             q = proposer.q_here()
-        copies, copied = (proposer.copies, proposer.copied) if left > 0 else (0, False)
+        copies = proposer.copies if left > 0 else 0
         drafted_at = time.perf_counter()
         gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)
         z = target.feed(x)
         if constraints:
             z = constraints.apply(z, x)
-        n, token = verdict(z, x, q, cfg, gen, end_ids, copied)
+        n, token = verdict(z, x, q, cfg, gen, end_ids)
         target.rollback(gamma - n)
         target.append(token)
         if constraints:
@@ -340,7 +340,7 @@ class RapidEngine:
             # would fall behind), so it drafts only for calls with nothing to shape.
             if cfg.lookup_ngram and shaping[-1] is None:
                 lookup = LookupProposer(plan.draft_ids, plan.ids, cfg.lookup_ngram)
-                proposer = LookupFirst(lookup, proposer, cfg.lookup_tokens)
+                proposer = LookupFirst(lookup, proposer)
         decode_start = time.perf_counter()
         stats.prefill_seconds = decode_start - start
 

@@ -12,10 +12,8 @@ Terms (after vLLM's rejection sampler; docs/algorithm.md sections 2.3-2.7 and 3)
            residual of p_n, p_hat_n and q_n (greedy: argmax p_hat_n);
   bonus token       the token drawn at row gamma (the row past the last draft) when all
            gamma drafts are accepted: from p_hat_gamma where q has a row there ([gamma + 1, V],
-           with eta > 0), else from p (the paper's rule);
-  copied drafts     drafts copied by the lookup (section 2.10), not drawn from q: their
-           proposal is one-hot, so x_i is kept with probability p_hat_i(x_i) and the recovered
-           token is drawn from p_hat_n without x_n; q only shapes p_hat.
+           with eta > 0), else from p (the paper's rule).
+Copies of the lookup (section 2.10) arrive vetted by the draft, distributed as q: drafts here.
 Each target pass emits accepted tokens + one recovered or bonus token.
 """
 
@@ -42,22 +40,20 @@ def verdict(
     cfg: RapidConfig,
     gen: torch.Generator,
     end_ids: torch.Tensor | None = None,
-    copied: bool = False,
 ) -> tuple[int, torch.Tensor]:
     """Accept a prefix of the drafts and pick the next token.
 
     z: [gamma + 1, V] target logits at the drafts' positions and one past them;
     x: [gamma] draft ids; q: [gamma, V] or [gamma + 1, V] (a row for the bonus position)
-    draft distributions (None when greedy with eta = 0; copied: None whenever eta = 0);
-    end_ids: end-of-sequence ids for `sampling.end_guard` (None: no guard);
-    copied: x was copied, not drawn from q (see the module's terms).
+    draft distributions (None when greedy with eta = 0);
+    end_ids: end-of-sequence ids for `sampling.end_guard` (None: no guard).
     Returns (n accepted, the token [1] emitted after them).
     """
     x = x.to(z.device)
-    q = None if q is None or (copied and cfg.eta == 0) else q.to(z.device)
+    q = None if q is None else q.to(z.device)
     if cfg.greedy:
         return _greedy(z, x, q, cfg, end_ids)
-    return _sampled(z, x, q, cfg, gen, end_ids, copied)
+    return _sampled(z, x, q, cfg, gen, end_ids)
 
 
 def _augmented(
@@ -80,7 +76,6 @@ def _greedy(
     """`verdict` at temperature 0; shapes as there (q may be None only when eta = 0)."""
     # docs/algorithm.md section 3: accept iff x_i == argmax p_hat_i (T = 1 softmaxes); emit argmax p_hat on
     # rejection; at the bonus position p_hat = p unless q has a row there (eta > 0).
-    # A copy is kept iff it is argmax p_hat too: its one-hot proposal changes nothing greedy.
     # argmax p is argmax z; taken on z, logits closer than log_softmax's rounding stay apart,
     # so eta = 0 picks exactly the target's own greedy token.
     check_finite(z)
@@ -102,10 +97,8 @@ def _sampled(
     cfg: RapidConfig,
     gen: torch.Generator,
     end_ids: torch.Tensor | None,
-    copied: bool,
 ) -> tuple[int, torch.Tensor]:
-    """`verdict` when sampling; shapes as there (q has at least gamma rows whenever gamma > 0,
-    unless copied)."""
+    """`verdict` when sampling; shapes as there (q has at least gamma rows whenever gamma > 0)."""
     logp = log_probs(z, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
     gamma = x.numel()
     p = logp.exp()  # [gamma + 1, V]
@@ -113,14 +106,9 @@ def _sampled(
     ph = torch.cat([_augmented(logp[:rows], q, cfg, end_ids), p[rows:]]) if rows else p
     if not gamma:
         return 0, torch.multinomial(ph[0], 1, generator=gen)
-    # A copy's proposal is one-hot, and its residual the exact one (see the module's terms).
-    if copied:
-        proposal, rule = torch.zeros_like(p[:gamma]).scatter_(1, x[:, None], 1.0), "exact"
-    else:
-        assert q is not None
-        proposal, rule = q[:gamma], cfg.residual
+    assert q is not None
     idx = x[:, None]
     u = torch.rand(gamma, generator=gen, device=z.device)
-    n = accepted_count(x, ph[:gamma].gather(1, idx)[:, 0], proposal.gather(1, idx)[:, 0], u)
-    dist = residual(p[n], ph[n], proposal[n], rule) if n < gamma else ph[gamma]
+    n = accepted_count(x, ph[:gamma].gather(1, idx)[:, 0], q[:gamma].gather(1, idx)[:, 0], u)
+    dist = residual(p[n], ph[n], q[n], cfg.residual) if n < gamma else ph[gamma]
     return n, torch.multinomial(dist, 1, generator=gen)

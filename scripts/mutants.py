@@ -37,8 +37,10 @@ class Mutant:
 
 ORACLE = "tests/test_verdict_oracle.py"
 DISTRIBUTION = "tests/test_engine_distribution.py"
-_SAMPLED_ROW = "dist = residual(p[n], ph[n], proposal[n], rule) if n < gamma else ph[gamma]"
-_ACCEPT = "n = accepted_count(x, ph[:gamma].gather(1, idx)[:, 0], proposal.gather(1, idx)[:, 0], u)"
+_SAMPLED_ROW = "dist = residual(p[n], ph[n], q[n], cfg.residual) if n < gamma else ph[gamma]"
+_ACCEPT = (
+    "n = accepted_count(x, ph[:gamma].gather(1, idx)[:, 0], q[:gamma].gather(1, idx)[:, 0], u)"
+)
 _Q = "return log_probs(logits, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p).exp()"
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -63,7 +65,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "the residual taken from row 0 instead of the rejection row n",
         "rapid_integrations/verify.py",
         _SAMPLED_ROW,
-        _SAMPLED_ROW.replace("(p[n], ph[n], proposal[n]", "(p[0], ph[0], proposal[0]"),
+        _SAMPLED_ROW.replace("(p[n], ph[n], q[n]", "(p[0], ph[0], q[0]"),
         (ORACLE,),
     ),
     Mutant(
@@ -103,7 +105,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "acceptance with probability p_hat(x) instead of min(1, p_hat(x) / q(x))",
         "rapid_integrations/verify.py",
         _ACCEPT,
-        _ACCEPT.replace("proposal.gather(1, idx)[:, 0]", "torch.ones_like(u)"),
+        _ACCEPT.replace("q[:gamma].gather(1, idx)[:, 0]", "torch.ones_like(u)"),
         (ORACLE,),
     ),
     Mutant(
@@ -189,12 +191,14 @@ MUTANTS: tuple[Mutant, ...] = (
         (ORACLE,),
     ),
     Mutant(
-        "copies-unvetted",
-        "copies verified without the draft model's q at eta > 0 (p_hat = p on them)",
+        "vet-greedy-keeps-every-copy",
+        "greedy, the draft keeps copies that are not its argmax: drafts the target must reject",
         "rapid_integrations/drafting.py",
-        "self._vetted = model.reads_ahead",
-        "self._vetted = False",
-        ("tests/test_engine_adaptive.py::test_a_vetted_copy_follows_the_model_drafts_law",),
+        "keep = rows[:k].argmax(-1) == copies",
+        "keep = copies >= 0",
+        (
+            "tests/test_engine_adaptive.py::test_vetting_greedy_keeps_the_copies_the_draft_would_draft",
+        ),
     ),
     Mutant(
         "vet-keeps-every-copy",

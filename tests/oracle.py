@@ -108,26 +108,6 @@ def step_law(z: np.ndarray, x: np.ndarray, q: np.ndarray, rules: Rules) -> np.nd
     return law
 
 
-def copied_step_law(z: np.ndarray, x: np.ndarray, q: np.ndarray, rules: Rules) -> np.ndarray:
-    """The law [gamma + 1, V] of one sampled verify step on copied drafts (section 2.10): the
-    proposal is one-hot, so x_i is kept with probability p_hat_i(x_i) and a rejection at row n
-    draws t != x_n with probability p_hat_n(t) / (1 - p_hat_n(x_n)); after all are kept, the
-    bonus token follows p_hat at row gamma when q has a row there ([gamma + 1, V]), else p."""
-    gamma = len(x)
-    p = target_p(z, rules.temperature, rules.top_p)
-    rows = len(q)
-    p_hat = np.concatenate([augmented(p[:rows], q, rules), p[rows:]])
-    law = np.zeros((gamma + 1, z.shape[-1]))
-    reach = 1.0
-    for n in range(gamma):
-        others = p_hat[n].copy()
-        others[x[n]] = 0.0
-        law[n] = reach * others  # rejected (1 - p_hat(x_n)) times the renormalized rest
-        reach *= p_hat[n, x[n]]
-    law[gamma] = reach * p_hat[gamma]
-    return law
-
-
 def greedy_step(
     z: np.ndarray, x: np.ndarray, q: np.ndarray | None, rules: Rules
 ) -> tuple[int, int]:
