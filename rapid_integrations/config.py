@@ -123,7 +123,7 @@ class RapidConfig:
     adaptive_gamma: bool | Literal["measured"] = False
     gamma_max: int = 32
     speculate_min_context: int | Literal["auto"] = 0
-    lookup_ngram: int = 0
+    lookup_ngram: int = 3
     lookup_tokens: int = 10
 
     def __post_init__(self) -> None:

@@ -158,8 +158,9 @@ def test_rapid_variants_join_the_qa_methods_at_their_etas():
     assert [m.eta for m in paper] == list(sweep.variant_etas) and len(paper) == 3
     assert all(dict(m.options) == {"confidence_guard": False} for m in paper)
     assert paper[0].label == "rapid eta=5 paper"
-    settings = BenchSettings(methods=("lc", "rapid"), etas=(5.0,), variants=("lookup",))
-    assert [m.label for m in settings.method_list()] == ["lc", "rapid eta=5", "rapid eta=5 lookup"]
+    settings = BenchSettings(methods=("lc", "rapid"), etas=(5.0,), variants=("no-lookup",))
+    labels = ["lc", "rapid eta=5", "rapid eta=5 no-lookup"]
+    assert [m.label for m in settings.method_list()] == labels
     with pytest.raises(RapidConfigError, match="variants"):
         BenchSettings(variants=("turbo",))
 
@@ -323,7 +324,7 @@ def test_long_preset_records_carry_the_ceiling(tmp_path, capsys):
         "rapid eta=5",
         "rapid eta=5 gamma=2",
         "rapid eta=5 adaptive",
-        "rapid eta=5 lookup",
+        "rapid eta=5 no-lookup",
     } <= set(labels)
     drafted = [r for r in records if r["method"] in ("sd", "rapid")]
     assert all(r["ceiling_speedup"] >= 1.0 and r["step_costs"]["target_step"] > 0 for r in drafted)

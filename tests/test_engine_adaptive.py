@@ -170,7 +170,8 @@ def test_measured_gamma_shrinks_for_a_slow_draft_and_grows_for_a_slow_target(
     gamma_max and the call needs a few passes. Both stay the target's greedy output."""
     prompt, n = "abcdefghijkl" * 2, 30
     want = reference_greedy(target, tok.encode(prompt), n, len(tok))
-    options = {"adaptive_gamma": "measured", "gamma_max": 12, "ignore_eos": True}
+    # The lookup off: copied passes would not be timed (docs/algorithm.md section 2.10).
+    options = {"adaptive_gamma": "measured", "gamma_max": 12, "ignore_eos": True, "lookup_ngram": 0}
     for slow, most_passes in [("draft", None), ("target", 6)]:
         draft = copy.deepcopy(target)
         engine = RapidEngine(

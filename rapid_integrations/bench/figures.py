@@ -66,13 +66,14 @@ def speed_figures(
 
 def _drafting_figures(row: Record, same: list[Record]) -> list[Record]:
     """Issue 14 at one length of a speed suite: rapid against its ceiling; the adaptive
-    variant against the best fixed gamma and against lc; the lookup variant against rapid."""
+    variant against the best fixed gamma and against lc; rapid against rapid without the
+    lookup proposer."""
     length = row["context_label"]
     rapid = [r for r in same if r["method"] == "rapid" and r["eta"] == row["eta"]]
-    fixed = [r for r in rapid if "adaptive" not in r["label"] and "lookup" not in r["label"]]
+    fixed = [r for r in rapid if "adaptive" not in r["label"] and "no-lookup" not in r["label"]]
     by_label = {r["label"].removeprefix(row["label"]).strip(): r for r in rapid}
     best_fixed = max((r["decode_tokens_per_second"] or 0 for r in fixed), default=0)
-    adaptive, lookup = by_label.get("adaptive"), by_label.get("lookup")
+    adaptive, unaided = by_label.get("adaptive"), by_label.get("no-lookup")
     figures = [
         _figure(
             f"rapid speedup / ceiling ({row['suite']})",
@@ -92,9 +93,9 @@ def _drafting_figures(row: Record, same: list[Record]) -> list[Record]:
             ),
             _figure("adaptive drafting / lc", length, adaptive["speedup_vs_lc"], _Target(0.95)),
         ]
-    if lookup:
-        ratio = _ratio(lookup["decode_tokens_per_second"], row["decode_tokens_per_second"])
-        figures.append(_figure("rapid with lookup proposer / rapid", length, ratio, _Target(1.0)))
+    if unaided:
+        ratio = _ratio(row["decode_tokens_per_second"], unaided["decode_tokens_per_second"])
+        figures.append(_figure("rapid / rapid without the lookup", length, ratio, _Target(1.0)))
     return figures
 
 

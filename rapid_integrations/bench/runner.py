@@ -64,15 +64,16 @@ own timed costs and recent acceptance, and the call stops drafting where its pas
 slower than a plain target step (docs/algorithm.md section 2.9). No confidence stop: with
 eta > 0 the target leans toward the draft, so doubtful drafts are still kept (one 8K speed
 run: transformers' heuristic with its 0.4 stop 1.23x lc, this variant 1.39x; docs/performance.md)."""
-LOOKUP = (("lookup_ngram", 3),)
+NO_LOOKUP = (("lookup_ngram", 0),)
 VARIANTS: dict[str, tuple[tuple[str, Any], ...]] = {
     "adaptive": ADAPTIVE,
-    "lookup": LOOKUP,
-    "adaptive+lookup": ADAPTIVE + LOOKUP,
+    "no-lookup": NO_LOOKUP,
+    "adaptive+no-lookup": ADAPTIVE + NO_LOOKUP,
     "paper": (("confidence_guard", False),),
 }
-"""Named rapid variants (their `RapidConfig` overrides): `--long` runs the first three, and
-`--variants` adds any of them to the QA suite."""
+"""Named rapid variants (their `RapidConfig` overrides): `--long` runs the first two, and
+`--variants` adds any of them to the QA suite. The lookup proposer is on by default, so
+`no-lookup` measures what it adds (docs/algorithm.md section 2.10)."""
 
 
 @dataclass(frozen=True)
@@ -207,15 +208,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "eta-sweep": ETA_SWEEP,
     "prefill": {"prefill": True, "lengths": (8192, 32768)},
 }
-LONG_VARIANTS = ("adaptive", "lookup", "adaptive+lookup")
+LONG_VARIANTS = ("adaptive", "no-lookup")
 LONG_CACHE_BYTES = 1 << 33
 """Prefix cache bound of the long suite: a 64K prompt's KV must stay stored for the methods
 after `lc` (SmolLM2 bf16: 1.5 GB)."""
 
 
 def long_methods(settings: BenchSettings) -> list[Method]:
-    """lc, sd, rapid (fixed gamma; at each of `gammas`; adaptive; with the lookup proposer;
-    both) and transformers prompt lookup. lc comes first: it prefills, the others reuse it."""
+    """lc, sd, rapid (fixed gamma; at each of `gammas`; adaptive; without the lookup
+    proposer) and transformers prompt lookup. lc comes first: it prefills, the others reuse
+    it."""
     eta = DEFAULT_ETA
     fixed = [Method("rapid", eta, f"gamma={g}", (("gamma", g),)) for g in settings.gammas]
     return [
