@@ -85,10 +85,10 @@ class ModelProposer:
         a row for the bonus position too, unless x_k ends the call). The model picks at most
         `gamma` of them: fewer when the confidence threshold or an end id stops drafting.
 
-        With `find`, each forward pass of the draft also reads the copies
-        `find` offers after the drafts so far and keeps a prefix of them as drafts (`_read`,
-        docs/algorithm.md section 2.10): at most `lookup_tokens` copies a proposal, and
-        `copied_at` says which. k <= max(gamma, room)."""
+        With `find`, each forward pass of the draft also reads the copies `find` offers after
+        the drafts so far and keeps a prefix of them as drafts (`_read`, docs/algorithm.md
+        section 2.10): at most `lookup_tokens` copies a proposal, and `copied_at` says which.
+        k <= max(gamma, room)."""
         self.copied_at = []
         if gamma == 0 and find is None:
             self._x, self._fed = self._x[:0], 0
@@ -126,11 +126,12 @@ class ModelProposer:
         find: Find | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward pass of the draft over `tail` ([t] ids) and the copies `find` offers
-        after the drafts xs (up to `limit` drafts in all). Copy i is kept with probability q_i(x_i), a one-hot proposal's
-        acceptance (greedy: while each is q's argmax, the draft's own pick), and the kept
-        prefix joins xs and qs, so every draft is distributed as q, as if the draft had
-        drafted it. Returns the draft's logits [V] past xs and the first copy it did not keep
-        ([1]; None if none): the next pick comes from q without it, so it follows q too."""
+        after the drafts xs (up to `limit` drafts in all). Copy i is kept with probability
+        q_i(x_i), a one-hot proposal's acceptance (greedy: while each is q's argmax, the
+        draft's own pick), and the kept prefix joins xs and qs, so every draft is distributed
+        as q, as if the draft had drafted it. Returns the draft's logits [V] past xs and the
+        first copy it did not keep ([1]; None if none): the next pick comes from q without
+        it, so it follows q too."""
         n = min(limit - len(xs), self._cfg.lookup_tokens - self.copies)
         found = find(torch.cat(xs).tolist() if xs else [], n) if find and n > 0 else []
         copies = torch.tensor(found, dtype=torch.long, device=tail.device)
@@ -188,7 +189,7 @@ class ModelProposer:
         self, logits: torch.Tensor, unkept: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One draft token [1] from logits [V], with q [V] when needed. `unkept` [1]: a copy
-        the draft did not keep (`vet`), so the token comes from q without it, q's residual
+        the draft did not keep (`_read`), so the token comes from q without it, q's residual
         after a one-hot proposal; greedy needs no change, as the argmax is not that copy."""
         if self._cfg.greedy:
             q = self._q(logits[None])[0] if self._need_q else None
