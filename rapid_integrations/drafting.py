@@ -227,10 +227,8 @@ class ModelProposer:
 
     def q_here(self) -> torch.Tensor | None:
         """See `Proposer.q_here`: the draft reads its pending tokens and drafts nothing."""
-        if not self.reads_ahead:
-            return None
-        self._x, self._fed = self._x[:0], 0
-        return self._q(self.state.feed()[-1:])
+        self._x, self._fed, self.copied_at = self._x[:0], 0, []
+        return self._q(self.state.feed()[-1:]) if self.reads_ahead else None
 
     def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
         """Roll the draft cache back to the kept drafts and queue `token` [1] (int64) after them."""

@@ -439,8 +439,10 @@ def test_vetting_greedy_keeps_the_copies_the_draft_would_draft(draft, tok):
     assert x.tolist() == own[:5] and len(q) == 6 and proposer.state.forward_passes == 4
     assert proposer.copied_at == [1, 2]
     proposer.commit(5, 5, torch.tensor([5]))
+    assert proposer.q_here() is not None and proposer.copies == 0  # a pass with no drafts
+    proposer.commit(0, 0, torch.tensor([6]))
     assert proposer.propose(1)[0].tolist() == reference_greedy(
-        draft, [*ids, *own[:5], 5], 1, len(tok)
+        draft, [*ids, *own[:5], 5, 6], 1, len(tok)
     )
 
 
@@ -484,8 +486,15 @@ def test_every_q_the_verdict_reads_is_the_drafts_own(engines, draft, tok, monkey
         seen.append((x.tolist(), q, verdict[0], int(verdict[1])))
         return verdict
 
-    real = engine_module.verdict
+    def read(self, tail, xs, qs, limit, find):
+        before = self.copies
+        out = real_read(self, tail, xs, qs, limit, find)
+        kept.append(self.copies - before)
+        return out
+
+    real, real_read, kept = engine_module.verdict, ModelProposer._read, []
     monkeypatch.setattr(engine_module, "verdict", recording)
+    monkeypatch.setattr(ModelProposer, "_read", read)
     offered = spy_on_copies(monkeypatch)
     drafted = copies = 0
     for prompt, draft_prompt in repetitive_prompts(4, seed=7):
@@ -500,6 +509,9 @@ def test_every_q_the_verdict_reads_is_the_drafts_own(engines, draft, tok, monkey
             emitted_ids += [*x[:n], token]
             drafted += bool(x)
         copies += out.stats.lookup_drafted_tokens
+        assert out.stats.lookup_drafted_tokens == sum(kept)  # each kept copy counted once
+        assert out.stats.lookup_accepted_tokens <= out.stats.lookup_drafted_tokens
+        kept.clear()
     # Copies offered and kept, copies offered and replaced, and passes the model drafted.
     assert 0 < copies < sum(offered) and drafted > 3
 
