@@ -64,6 +64,9 @@ class ModelProposer:
         # Ids that end the call: nothing drafted after one can be emitted (kept, it ends the
         # call; rejected, the drafts after it go too), so drafting stops there.
         self._end_ids = end_ids
+        self._end_tensor = torch.tensor(
+            sorted(end_ids), dtype=torch.long, device=state.pending.device
+        )
         self._cfg = config
         self._gen = generator
         self._need_q = needs_q(config)
@@ -146,7 +149,7 @@ class ModelProposer:
             u = torch.rand(k, generator=self._gen, device=q.device)
             keep = u < q.gather(1, copies[:, None])[:, 0]
         # Kept up to the first copy not kept, or through the first end id (then drafting stops).
-        keep[1:] &= ~torch.isin(copies[:-1], self._end_tensor(copies))
+        keep[1:] &= ~torch.isin(copies[:-1], self._end_tensor)
         kept = int(keep.int().cumprod(0).sum())
         self.state.rollback(k - kept)
         self.copied_at += range(len(xs), len(xs) + kept)
@@ -220,10 +223,6 @@ class ModelProposer:
 
     def _ended(self, xs: list[torch.Tensor]) -> bool:
         return bool(xs) and self._ends(xs[-1])
-
-    def _end_tensor(self, like: torch.Tensor) -> torch.Tensor:
-        """The end ids as a tensor [e] on `like`'s device."""
-        return torch.tensor(sorted(self._end_ids), dtype=torch.long, device=like.device)
 
     def q_here(self) -> torch.Tensor | None:
         """See `Proposer.q_here`: the draft reads its pending tokens and drafts nothing."""
@@ -399,9 +398,9 @@ class GammaSchedule:
 
 
 class LookupProposer:
-    """Drafts by copying (docs/algorithm.md section 2.10): where the last n tokens of the
-    sequence occurred before (n = `ngram` down to 2), propose what followed their latest
-    earlier occurrence. Its proposal is one-hot on each proposed id.
+    """Offers copies (docs/algorithm.md section 2.10): where the last n tokens of the
+    sequence and the drafts so far occurred before (n = `ngram` down to 2), what followed
+    their latest earlier occurrence. The draft model vets them (`ModelProposer._read`).
 
     `corpus`: ids searched besides the sequence itself (C^S); `sequence`: the target's ids so
     far (the prompt); committed tokens extend it. Lookups are O(ngram) dict probes.

@@ -472,6 +472,25 @@ def test_drafting_stops_at_an_end_id(draft, tok):
     assert x.tolist() == own[:3] and len(q) == 3 and state.forward_passes == 3
 
 
+def test_copies_stop_at_an_end_id(draft, tok):
+    """A kept copy that ends the call ends the proposal too: the copies after it are dropped
+    from the draft's cache and no bonus row is read (docs/algorithm.md section 2.10)."""
+    ids = tok.encode(DRAFT_PROMPT)
+    own = reference_greedy(draft, ids, 4, len(tok))
+    state = KVState.start(draft, ids, len(tok), chunk=4, capacity=len(ids) + 8)
+    proposer = ModelProposer(
+        state, RapidConfig(eta=2.0), torch.Generator(), end_ids=frozenset(own[2:3])
+    )
+    x, q = proposer.propose(3, 6, offering(own[1:4], own[:1]))
+    # Forward passes: the pending token; own[0] with the copies. Then nothing past the end.
+    assert x.tolist() == own[:3] and len(q) == 3 and state.forward_passes == 2
+    assert proposer.copied_at == [1, 2]
+    proposer.commit(1, 3, torch.tensor([5]))
+    assert proposer.propose(1)[0].tolist() == reference_greedy(
+        draft, [*ids, own[0], 5], 1, len(tok)
+    )
+
+
 def test_every_q_the_verdict_reads_is_the_drafts_own(engines, draft, tok, monkeypatch):
     """Greedy, eta = 3, copies and model drafts mixed: each q row the verdict reads (one row
     past the drafts too) equals the draft model's no-cache distribution after
