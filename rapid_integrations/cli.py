@@ -213,7 +213,7 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", type=_ints, help="context lengths, e.g. 2048,4096,8192")
     p.add_argument("--kinds", type=_words, help="task kinds: single,two,chat")
     p.add_argument("--tasks", dest="per_cell", type=int, help="tasks per kind and length")
-    p.add_argument("--methods", type=_words, help="lc,rag,sd,rapid,hf,hf-pld")
+    p.add_argument("--methods", type=_words, help="lc,rag,sd,rapid,hf,hf-pld (--long too)")
     p.add_argument("--etas", type=_floats, help="eta values of rapid, e.g. 0,5,10")
     p.add_argument(
         "--variants", type=_words, help="rapid variants the QA suite adds: no-lookup,paper,adaptive"

@@ -13,7 +13,7 @@ from rapid_integrations.bench.methods import METHODS, Method
 from rapid_integrations.bench.models import load_rope_scaled, tiny_pair
 from rapid_integrations.bench.plots import PLOTS
 from rapid_integrations.bench.probe import ForwardProbe, peak_memory_bytes, reset_peak_memory
-from rapid_integrations.bench.runner import BenchSettings
+from rapid_integrations.bench.runner import BenchSettings, long_methods
 from rapid_integrations.bench.scoring import exact_match, normalize_words, token_f1
 from rapid_integrations.bench.summary import summarize
 from rapid_integrations.bench.tables import length_name
@@ -333,6 +333,15 @@ def test_long_preset_records_carry_the_ceiling(tmp_path, capsys):
     assert all(r["cached_prefix_tokens"] > 0 for r in records if r["method"] in ("sd", "rapid"))
     figures = {f["figure"] for f in results["speed_figures"]}
     assert {"rapid speedup / ceiling (long)", "adaptive drafting / best fixed gamma"} <= figures
+
+
+def test_long_preset_runs_the_methods_named():
+    """A 64K run may skip the slow methods: `--long --methods lc,rapid` keeps lc first (it
+    prefills for the others) and every rapid variant, and drops sd and prompt lookup."""
+    every = [m.label for m in long_methods(BenchSettings.preset("long"))]
+    assert every[0] == "lc" and {"sd", "hf-pld"} <= set(every)
+    some = long_methods(BenchSettings.preset("long", methods=("rapid", "lc")))
+    assert [m.label for m in some] == [x for x in every if x == "lc" or x.startswith("rapid")]
 
 
 def test_eta_sweep_reports_accuracy_with_its_spread(tmp_path, capsys):

@@ -215,12 +215,12 @@ after `lc` (SmolLM2 bf16: 1.5 GB)."""
 
 
 def long_methods(settings: BenchSettings) -> list[Method]:
-    """lc, sd, rapid (fixed gamma; at each of `gammas`; adaptive; without the lookup
-    proposer) and transformers prompt lookup. lc comes first: it prefills, the others reuse
-    it."""
+    """Those of lc, sd, rapid (fixed gamma; at each of `gammas`; adaptive; without the lookup
+    proposer) and transformers prompt lookup that `settings.methods` names (a 64K run may
+    skip the slow ones). The first prefills, the others reuse it: lc first."""
     eta = DEFAULT_ETA
     fixed = [Method("rapid", eta, f"gamma={g}", (("gamma", g),)) for g in settings.gammas]
-    return [
+    every = [
         Method("lc"),
         Method("sd"),
         Method("rapid", eta),
@@ -228,6 +228,7 @@ def long_methods(settings: BenchSettings) -> list[Method]:
         *(Method("rapid", eta, name, VARIANTS[name]) for name in LONG_VARIANTS),
         Method("hf-pld"),
     ]
+    return [method for method in every if method.name in settings.methods]
 
 
 @dataclass(frozen=True)
