@@ -9,6 +9,7 @@ drafts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Protocol
 
@@ -246,13 +247,15 @@ def needs_q(config: RapidConfig) -> bool:
 class PassCosts:
     """What a call's own passes measured (seconds), for `GammaSchedule`.
 
-    plain_step: the first pass, the target alone reading one token; per drafted token, the
-    draft's seconds and what it adds to the verify pass; and the acceptance curve of recent
-    drafts: for each draft index j, how often a pass reached its j-th draft and how often it
-    was rejected there. Each verdict (a kept draft, or the rejection) weighs `DECAY` times less
-    per later verdict. Acceptance comes in runs on real text (a pass is kept whole or cut
-    early), which a single per-draft rate under-counts: at 8K, gamma 8 kept 113 of 119 drafts,
-    8.5 tokens a pass, where the rate's (1 - a^9) / (1 - a) says 7.0.
+    plain_step: the first pass, the target alone reading one token; per draft forward pass
+    its seconds, per draft what it adds to the verify pass; how many copies the draft kept per
+    pick (docs/algorithm.md section 2.10); and the acceptance curve of recent drafts, copies
+    included (they are distributed as the draft's own): for each draft index j, how often a
+    pass reached its j-th draft and how often it was rejected there. Each verdict (a kept
+    draft, or the rejection) and each copy weighs `DECAY` times less per later verdict.
+    Acceptance comes in runs on real text (a pass is kept whole or cut early), which a single
+    per-draft rate under-counts: at 8K, gamma 8 kept 113 of 119 drafts, 8.5 tokens a pass,
+    where the rate's (1 - a^9) / (1 - a) says 7.0.
     """
 
     DECAY = 0.97
@@ -260,12 +263,21 @@ class PassCosts:
     the last 1 / (1 - DECAY) = 33 drafts whatever gamma is (a decay per pass would remember
     fewer drafts at a small gamma, read a lower acceptance there and keep gamma small)."""
 
-    def __init__(self, gamma_max: int) -> None:
+    PRIOR_PASSES = 4.0
+    """Pseudo-passes at the pooled rejection rate behind each draft index's own rate: one
+    rejection among the few passes that reached an index (at 8K, draft 5 of 3 passes) would
+    otherwise read as a rate near 1/3 there, and gamma would stay below it for the rest of the
+    call, as no later pass reaches that index to correct it."""
+
+    def __init__(self, gamma_max: int, lookup_tokens: int = 0) -> None:
         self.plain_step: float | None = None
-        self._passes, self._drafted, self._draft_passes = 0, 0, 0
+        self._most_copies = lookup_tokens  # copies one proposal may hold
+        self._passes, self._drafted, self._copied, self._draft_passes = 0, 0, 0, 0
+        self._recent_copies, self._recent_picks = 0.0, 0.0  # decayed as the curve
         self._draft_seconds, self._verify_extra = 0.0, 0.0
-        self._reached = [0.0] * gamma_max  # decayed passes that reached draft j
-        self._rejected = [0.0] * gamma_max  # decayed passes that rejected draft j
+        size = gamma_max + lookup_tokens  # the most drafts a pass holds
+        self._reached = [0.0] * size  # decayed passes that reached draft j
+        self._rejected = [0.0] * size  # decayed passes that rejected draft j
 
     def record(
         self,
@@ -274,16 +286,19 @@ class PassCosts:
         draft_seconds: float,
         verify_seconds: float,
         draft_passes: int | None = None,
+        copied: int = 0,
     ) -> None:
-        """A pass that drafted `drafted` tokens (0: the plain step) and kept `accepted`, in
-        `draft_passes` forward passes of the draft (default: one per draft)."""
+        """A pass that drafted `drafted` tokens (0: the plain step), `copied` of them copies
+        the draft kept, and kept `accepted`, in `draft_passes` forward passes of the draft
+        (default: one per pick)."""
         if self.plain_step is None or not drafted:
             # A plain step's draft seconds (the q of section 2.7) are not the target's.
             self.plain_step = self.plain_step or verify_seconds
             return
         self._passes += 1
         self._drafted += drafted
-        self._draft_passes += drafted if draft_passes is None else draft_passes
+        self._copied += copied
+        self._draft_passes += drafted - copied if draft_passes is None else draft_passes
         self._draft_seconds += draft_seconds
         self._verify_extra += verify_seconds - self.plain_step
         rejected = int(accepted < drafted)
@@ -292,34 +307,47 @@ class PassCosts:
         self._rejected = [
             fade * r + (j == accepted < drafted) for j, r in enumerate(self._rejected)
         ]
+        self._recent_copies = fade * self._recent_copies + copied
+        self._recent_picks = fade * self._recent_picks + drafted - copied
 
-    def expected_tokens(self, gamma: int) -> float:
-        """Tokens a pass of `gamma` drafts is expected to emit: 1 + the sum over j < gamma of
-        the chance that drafts 0..j are all kept. Draft j is rejected at rate
-        (rejections at j + h) / (passes reaching j + 1): one pseudo-pass at the pooled rate
-        h = (all rejections + 1) / (all verdicts + 2), which is what an index never reached
-        gets."""
-        pooled = (sum(self._rejected) + 1) / (sum(self._reached) + 2)
+    def expected_drafts(self, gamma: int) -> float:
+        """Drafts a pass of `gamma` picks is expected to hold: the picks, and per pick the
+        copies recent picks brought (each pick is followed by a lookup), at most the copies
+        one proposal may hold."""
+        per_pick = self._recent_copies / max(1.0, self._recent_picks)
+        return gamma + min(gamma * per_pick, self._most_copies)
+
+    def expected_tokens(self, drafts: float) -> float:
+        """Tokens a pass of `drafts` drafts is expected to emit: 1 + the sum over j < drafts
+        of the chance that drafts 0..j are all kept (a fraction of a draft counts its
+        share). Draft j is rejected at rate (rejections at j + w h) / (passes reaching j + w):
+        w = `PRIOR_PASSES` pseudo-passes at the pooled rate h = (all rejections + 1/2) / (all
+        verdicts + 1), which is what an index never reached gets."""
+        pooled = (sum(self._rejected) + 0.5) / (sum(self._reached) + 1)
+        w = self.PRIOR_PASSES
         tokens, kept = 1.0, 1.0
-        for reached, rejected in zip(self._reached[:gamma], self._rejected[:gamma], strict=True):
-            kept *= 1 - (rejected + pooled) / (reached + 1)
-            tokens += kept
+        for j in range(min(math.ceil(drafts), len(self._reached))):
+            kept *= 1 - (self._rejected[j] + w * pooled) / (self._reached[j] + w)
+            tokens += kept * min(1.0, drafts - j)
         return tokens
 
     def pass_seconds(self, gamma: int) -> float:
-        """Expected seconds of a pass of `gamma` drafts: the plain step, per draft a draft
-        forward pass and the verify slope, and the draft forward passes a pass makes beyond
-        its drafts (the bonus row's, docs/algorithm.md section 2.7)."""
+        """Expected seconds of a pass of `gamma` picks: the plain step, per pick a draft
+        forward pass, per draft (copies too) the verify slope, and the draft forward passes a
+        pass makes beyond its picks (the bonus row's, docs/algorithm.md section 2.7)."""
         assert self.plain_step is not None and self._drafted
         forward = self._draft_seconds / max(1, self._draft_passes)
         slope = max(0.0, self._verify_extra) / self._drafted
-        extra = max(0, self._draft_passes - self._drafted) / self._passes
-        return self.plain_step + gamma * (forward + slope) + extra * forward
+        picks = self._drafted - self._copied
+        extra = max(0, self._draft_passes - picks) / self._passes
+        drafts = self.expected_drafts(gamma)
+        return self.plain_step + (gamma + extra) * forward + drafts * slope
 
     def speedup(self, gamma: int) -> float:
-        """Expected tokens per second of passes of `gamma` drafts, over the plain step's."""
+        """Expected tokens per second of passes of `gamma` picks, over the plain step's."""
         assert self.plain_step is not None
-        return self.expected_tokens(gamma) * self.plain_step / self.pass_seconds(gamma)
+        tokens = self.expected_tokens(self.expected_drafts(gamma))
+        return tokens * self.plain_step / self.pass_seconds(gamma)
 
     def best_gamma(self, gamma_max: int) -> int:
         """The gamma in [1, gamma_max] with the most expected tokens per second."""
@@ -338,14 +366,21 @@ class GammaSchedule:
     step (no drafts), timed. With "auto", after `PAYOFF_PASSES` model-drafting passes the call
     stops model drafting (gamma 0 for good; copies go on) once, after each of its last
     `PAYOFF_PASSES` drafting passes, the gamma it would draft next was expected to emit fewer
-    tokens per second than plain steps (`PassCosts.speedup` below 1): speculation that loses
-    on this device at this length costs a few passes, not the whole call, and a short bad
-    stretch of text does not end it.
+    tokens per second than plain steps (`PassCosts.speedup` below `LOSING_SPEEDUP`):
+    speculation that loses on this device at this length costs a few passes, not the whole
+    call, and a short bad stretch of text does not end it.
     """
 
     PAYOFF_PASSES = 4
     """Drafting passes in a row expected to lose before drafting stops: one pass's tokens
     vary too much."""
+
+    LOSING_SPEEDUP = 0.95
+    """A pass is expected to lose below this speedup over plain steps, not below 1: the
+    expectation rests on one timed plain step and a few passes, and where speculation gains
+    little at best (2K on this CPU, about 1.1x) it hovers near 1 (traced: 0.99-1.07 over a
+    call's last passes): a call stopped for good there that fixed gamma 8 ran 1.16x faster
+    (`rapid bench --long`). Speculation expected to lose less than this runs on."""
 
     def __init__(self, config: RapidConfig) -> None:
         self._rule = config.adaptive_gamma
@@ -353,7 +388,7 @@ class GammaSchedule:
         self._gamma = min(config.gamma, self._max) if self._rule else config.gamma
         self._auto = config.speculate_min_context == "auto"
         self._timed = self._auto or self._rule == "measured"
-        self.costs = PassCosts(self._max)
+        self.costs = PassCosts(self._max, config.lookup_tokens if config.lookup_ngram else 0)
         self._losing = 0  # model-drafting passes in a row expected to lose
         self.stopped = False  # speculation measured slower than the target alone
 
@@ -375,24 +410,26 @@ class GammaSchedule:
         draft_seconds: float = 0.0,
         verify_seconds: float = 0.0,
         draft_passes: int | None = None,
+        copied: int = 0,
     ) -> None:
-        """After a pass that asked for `asked` drafts, got `drafted` and accepted `accepted`
-        (emitting accepted + 1 tokens), drafting for `draft_seconds` in `draft_passes` forward
-        passes of the draft (default: one per draft) and verifying (the target pass and the
-        verdict) for `verify_seconds` of wall time."""
+        """After a pass that asked for `asked` model picks, got `drafted` drafts (`copied` of
+        them copies the draft kept, section 2.10) and accepted `accepted` (emitting accepted +
+        1 tokens), drafting for `draft_seconds` in `draft_passes` forward passes of the draft
+        (default: one per pick) and verifying (the target pass and the verdict) for
+        `verify_seconds` of wall time."""
         if self._timed:
-            drafts = drafted if asked else 0
-            self.costs.record(drafts, accepted, draft_seconds, verify_seconds, draft_passes)
+            drafts, copies = (drafted, copied) if asked else (0, 0)
+            self.costs.record(drafts, accepted, draft_seconds, verify_seconds, draft_passes, copies)
         if not (asked and drafted):
             return
         if self._rule == "measured":
             self._gamma = self.costs.best_gamma(self._max)
         elif self._rule and accepted < drafted:
             self._gamma = max(1, self._gamma - 1)
-        elif self._rule and drafted == asked:
+        elif self._rule and drafted - copied == asked:
             self._gamma = min(self._max, self._gamma + 2)
         # A pass expected to lose lengthens the losing streak; one expected to pay ends it.
-        losing = self._auto and self.costs.speedup(self._gamma) < 1
+        losing = self._auto and self.costs.speedup(self._gamma) < self.LOSING_SPEEDUP
         self._losing = self._losing + 1 if losing else 0
         self.stopped = self._losing >= self.PAYOFF_PASSES
 

@@ -100,10 +100,9 @@ def speculate(
             constraints.settle(n, token)
         if proposer:
             proposer.commit(n, gamma, token)
-        if not copies:  # the schedule times the model's drafts (section 2.10)
-            seconds = drafted_at - start, time.perf_counter() - drafted_at
-            forwards = proposer.state.forward_passes - forwards if proposer else 0
-            schedule.update(asked, gamma, n, *seconds, forwards)
+        seconds = drafted_at - start, time.perf_counter() - drafted_at
+        forwards = proposer.state.forward_passes - forwards if proposer else 0
+        schedule.update(asked, gamma, n, *seconds, forwards, copies)
         stats.speculation_stopped = schedule.stopped
         stats.drafted_tokens += gamma
         stats.accepted_tokens += n

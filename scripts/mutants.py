@@ -209,6 +209,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_engine_adaptive.py::test_vetting_a_copy_drafts_from_q",),
     ),
     Mutant(
+        "schedule-ignores-copies",
+        "the measured gamma prices a pass by its picks alone, blind to the copies they bring",
+        "rapid_integrations/drafting.py",
+        "return gamma + min(gamma * per_pick, self._most_copies)",
+        "return float(gamma)",
+        ("tests/test_engine_adaptive.py::test_measured_gamma_counts_the_copies_a_pick_brings",),
+    ),
+    Mutant(
         "bonus-row-without-q",
         "the draft stops before x_k, so a model pass's bonus row has no q and follows p",
         "rapid_integrations/drafting.py",
