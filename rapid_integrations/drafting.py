@@ -28,8 +28,8 @@ Find = Callable[[list[int], int], list[int]]
 class Proposer(Protocol):
     @property
     def copies(self) -> int:
-        """How many drafts of the last proposal were copied (the gamma schedule times passes
-        without copies only)."""
+        """How many drafts of the last proposal were copies the draft kept (the gamma
+        schedule prices them apart from the model's picks)."""
         ...
 
     def propose(self, gamma: int, room: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
