@@ -99,10 +99,9 @@ def test_gamma_schedule_follows_the_heuristic():
     assert seen == [6, 7, 6, 6, 5, 4]
     # Copies the draft kept come on top of the picks asked for (section 2.10): all 4 picks
     # and 3 copies kept is a pass that drafted all it asked for; 3 picks and 1 copy is not.
-    for picks, grown in [(4, 6), (3, 4)]:
+    for picks, copies, grown in [(4, 3, 6), (3, 1, 4)]:
         copying = GammaSchedule(RapidConfig(gamma=4, adaptive_gamma=True, gamma_max=7))
-        drafted = picks + (3 if picks == 4 else 1)
-        copying.update(4, drafted, drafted, copied=drafted - picks)
+        copying.update(4, picks + copies, picks + copies, copied=copies)
         assert copying.gamma == grown
     fixed = GammaSchedule(RapidConfig(gamma=4))
     fixed.update(4, 4, 4)
@@ -179,8 +178,8 @@ def test_measured_gamma_maximizes_expected_tokens_per_second(
 
 @pytest.mark.parametrize("copied", [0, 2, 6])
 def test_measured_gamma_counts_the_copies_a_pick_brings(copied):
-    """Passes of 3 picks and `copied` copies the draft kept (section 2.10), cut at draft 4:
-    copies cost the verify slope but no draft step, so each pick is worth 1 + copies / 3
+    """Passes of 3 picks and `copied` copies the draft kept (section 2.10), cut at draft 4
+    when they hold more: copies cost the verify slope but no draft step, so each pick is worth 1 + copies / 3
     drafts and gamma follows the hand-computed argmax, where copies move it."""
     cfg = RapidConfig(gamma=3, adaptive_gamma="measured", gamma_max=24, lookup_tokens=10)
     schedule = GammaSchedule(cfg)
@@ -337,8 +336,8 @@ def test_pass_seconds_count_draft_passes_beyond_the_drafts():
 
 
 def test_the_schedule_times_passes_with_copies(engines, monkeypatch):
-    """Every pass reaches the gamma schedule with the copies the draft kept in it (section
-    2.9): each kept copy is counted once, and passes with copies are timed too."""
+    """Every pass, with copies or without, reaches the gamma schedule with the copies the
+    draft kept in it (section 2.9), each kept copy counted once."""
     real, seen = GammaSchedule.update, []
 
     def update(self, asked, drafted, accepted, *timing):
