@@ -107,11 +107,13 @@ class RapidConfig:
     # adaptive_gamma  gamma starts at `gamma` and moves with acceptance: +2 after a pass that
     #     accepted all it asked for, -1 after a rejection, within [1, gamma_max]; "measured"
     #     picks, after every pass, the gamma of most expected tokens per second from the
-    #     call's own timed plain step, draft steps, verify passes and recent acceptance;
+    #     call's own timed plain step, draft steps, verify passes, recent acceptance and the
+    #     copies recent picks brought;
     # speculate_min_context  prompts of fewer target tokens are decoded by the target alone
     #     (mode "lc": below some length a draft step costs too much to pay off; 0 = never);
     #     "auto" measures it on each call instead: one plain target step is timed, and the
-    #     call stops drafting once its speculative passes emit tokens slower than that;
+    #     call stops drafting once 4 passes in a row are expected to emit tokens below 0.95x
+    #     that rate;
     # lookup_ngram  > 0 offers copies: the continuation of the latest earlier occurrence of
     #     the last n tokens (n = lookup_ngram down to 2) in C^S, the prompt and the output
     #     (0 = off; a single token would match nearly always). The draft vets them as it
