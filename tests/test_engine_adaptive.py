@@ -340,9 +340,9 @@ def test_the_schedule_times_passes_with_copies(engines, monkeypatch):
     draft kept in it (section 2.9), each kept copy counted once."""
     real, seen = GammaSchedule.update, []
 
-    def update(self, asked, drafted, accepted, *timing):
-        seen.append(timing[3] if len(timing) > 3 else 0)
-        real(self, asked, drafted, accepted, *timing)
+    def update(self, asked, drafted, accepted, draft_s, verify_s, forwards, copied):
+        seen.append(copied)
+        real(self, asked, drafted, accepted, draft_s, verify_s, forwards, copied)
 
     monkeypatch.setattr(GammaSchedule, "update", update)
     copied = 0
