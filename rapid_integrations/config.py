@@ -113,7 +113,8 @@ class RapidConfig:
     #     (mode "lc": below some length a draft step costs too much to pay off; 0 = never);
     #     "auto" measures it on each call instead: one plain target step is timed, and the
     #     call stops drafting once 4 passes in a row are expected to emit tokens below 0.95x
-    #     that rate;
+    #     that rate; the engine's next calls at that length start where it ended
+    #     (docs/algorithm.md section 2.11);
     # lookup_ngram  > 0 offers copies: the continuation of the latest earlier occurrence of
     #     the last n tokens (n = lookup_ngram down to 2) in C^S, the prompt and the output
     #     (0 = off; a single token would match nearly always). The draft vets them as it

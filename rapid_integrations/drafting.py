@@ -393,6 +393,11 @@ class GammaSchedule:
         self.stopped = False  # speculation measured slower than the target alone
 
     @property
+    def measures(self) -> bool:
+        """Whether passes are timed: what a later call may start from (`ScheduleMemory`)."""
+        return self._timed
+
+    @property
     def drafting(self) -> bool:
         """False while the plain step is still to be timed: that pass proposes nothing."""
         return not (self._timed and self.costs.plain_step is None)

@@ -16,7 +16,7 @@ import os
 import random
 import time
 import traceback
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,7 @@ from .models import (
 )
 from .outputs import FinishReason, RapidOutput, RapidStats, RapidStream
 from .prefix_cache import PrefixCache
+from .schedule_memory import ScheduleMemory, schedule_key
 from .tokens import Detokenizer, Prompt, encode_prompt, is_chat, stop_token_ids
 from .tools import ContentFilter, Tools, parse_calls, prepare_messages
 from .verify import verdict
@@ -63,6 +64,7 @@ _OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "not enough memory")
 def speculate(
     target: KVState,
     proposer: Proposer | None,
+    schedule: GammaSchedule,
     cfg: RapidConfig,
     gen: torch.Generator,
     budget: Callable[[], int],
@@ -72,11 +74,11 @@ def speculate(
 ) -> Iterator[list[int]]:
     """Yield the tokens committed by each target pass (accepted drafts, then one more).
 
+    `schedule` says how many drafts to ask for, and learns from every pass.
     `budget()` is how many tokens may still be emitted; drafting never proposes past it.
     `end_ids` are the end-of-sequence ids of the end guard (None: no guard); `constraints`
     shape the target's logits (docs/algorithm.md section 9; None: raw logits).
     """
-    schedule = GammaSchedule(cfg)
     while True:
         start = time.perf_counter()
         left = budget() - 1 if proposer and schedule.drafting else 0
@@ -200,6 +202,7 @@ class RapidEngine:
         )
         self.retriever = retriever
         self.prefix_cache = PrefixCache()
+        self.schedules = ScheduleMemory()
         configs = {
             id(m): m.generation_config for m in (self.target, self.draft) if m.generation_config
         }
@@ -346,8 +349,17 @@ class RapidEngine:
         detok = Detokenizer(self.tokenizer, cfg.stop)
         guarded = cfg.end_guard and eos and cfg.eta > 0
         end_ids = torch.tensor(sorted(eos), device=gen.device) if guarded else None
+        key, schedule, fresh = self._schedule(plan, stats)
         steps = speculate(
-            target, proposer, cfg, gen, lambda: limit - len(detok.ids), stats, end_ids, shaping[0]
+            target,
+            proposer,
+            schedule,
+            cfg,
+            gen,
+            lambda: limit - len(detok.ids),
+            stats,
+            end_ids,
+            shaping[0],
         )
         content = ContentFilter() if plan.tools else None
         for token in itertools.chain.from_iterable(steps):
@@ -361,6 +373,7 @@ class RapidEngine:
                 break
 
         stats.decode_seconds = time.perf_counter() - decode_start
+        self.schedules.keep(key, schedule, fresh)
         stats.new_tokens = len(detok.ids)
         stats.target_forward_passes = target.forward_passes
         stats.target_forward_seconds = target.forward_seconds
@@ -376,6 +389,16 @@ class RapidEngine:
         calls = parse_calls(detok.text)
         finish = "tool_calls" if calls and finish == "eos" else finish
         return RapidOutput(content.text, detok.ids, finish, stats.finalize(), len(plan.ids), calls)
+
+    def _schedule(self, plan: _Plan, stats: RapidStats) -> tuple[Hashable, GammaSchedule, bool]:
+        """The call's gamma schedule, its key and whether it is fresh: where the last call at
+        its length left off, while that still holds (docs/algorithm.md section 2.11)."""
+        grammar = plan.grammar is not None
+        draft_tokens = len(plan.draft_ids or ())
+        key = schedule_key(stats.mode, len(plan.ids), draft_tokens, plan.cfg, grammar)
+        schedule, fresh = self.schedules.start(key, plan.cfg)
+        stats.schedule_from_earlier_call = not fresh
+        return key, schedule, fresh
 
     def _constraints(self, plan: _Plan, model: PreTrainedModel, source: str) -> Constraints | None:
         """The call's logit shaping for `model`, or None when nothing shapes them. Both

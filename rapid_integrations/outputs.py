@@ -51,6 +51,10 @@ class RapidStats:
     # speculate_min_context="auto" measured drafting slower than the target alone and stopped
     # it for the rest of the call (docs/algorithm.md section 2.9).
     speculation_stopped: bool = False
+    # The call started from the measured schedule an earlier call at its length left
+    # (docs/algorithm.md section 2.11): no plain step timed, and stopped from the first pass
+    # if drafting had been stopped.
+    schedule_from_earlier_call: bool = False
 
     def finalize(self) -> RapidStats:
         """Fill the derived rates from the counters; returns self."""

@@ -217,6 +217,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_engine_adaptive.py::test_measured_gamma_counts_the_copies_a_pick_brings",),
     ),
     Mutant(
+        "memory-never-remeasures",
+        "a length where drafting once lost decodes without drafting for good: never measured again",
+        "rapid_integrations/schedule_memory.py",
+        " or kept.calls_left == 0:",
+        ":",
+        ("tests/test_schedule_memory.py",),
+    ),
+    Mutant(
         "bonus-row-without-q",
         "the draft stops before x_k, so a model pass's bonus row has no q and follows p",
         "rapid_integrations/drafting.py",

@@ -324,15 +324,26 @@ def test_long_preset_records_carry_the_ceiling(tmp_path, capsys):
         "rapid eta=5",
         "rapid eta=5 gamma=2",
         "rapid eta=5 adaptive",
+        "rapid eta=5 adaptive-again",
         "rapid eta=5 no-lookup",
     } <= set(labels)
-    drafted = [r for r in records if r["method"] in ("sd", "rapid")]
+    # adaptive-again is the engine's next call at the length: it starts from adaptive's schedule.
+    by_label = {r["label"]: r for r in records}
+    assert not by_label["rapid eta=5 adaptive"]["engine_stats"]["schedule_from_earlier_call"]
+    assert by_label["rapid eta=5 adaptive-again"]["engine_stats"]["schedule_from_earlier_call"]
+    # A ceiling is computed for every row that drafted (a call may stop before it does).
+    drafted = [r for r in records if r["acceptance_rate"] is not None]
+    assert {"sd", "rapid eta=5", "rapid eta=5 gamma=2"} <= {r["label"] for r in drafted}
     assert all(r["ceiling_speedup"] >= 1.0 and r["step_costs"]["target_step"] > 0 for r in drafted)
     assert all(r["ceiling_speedup"] is None for r in records if r["method"] in ("lc", "hf-pld"))
     # After lc, the methods reuse the prompt's KV instead of prefilling it again.
     assert all(r["cached_prefix_tokens"] > 0 for r in records if r["method"] in ("sd", "rapid"))
     figures = {f["figure"] for f in results["speed_figures"]}
-    assert {"rapid speedup / ceiling (long)", "adaptive drafting / best fixed gamma"} <= figures
+    assert {
+        "rapid speedup / ceiling (long)",
+        "adaptive drafting / best fixed gamma",
+        "adaptive, next call / lc",
+    } <= figures
 
 
 def test_long_preset_runs_the_methods_named():

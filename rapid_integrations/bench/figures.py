@@ -64,6 +64,12 @@ def speed_figures(
     return figures
 
 
+ADAPTIVE_ROWS = (("adaptive", "adaptive drafting"), ("adaptive-again", "adaptive, next call"))
+"""The adaptive variants' labels and figure names: a call that measures its schedule from
+scratch, and the engine's next call at the same length, which starts from it
+(docs/algorithm.md section 2.11)."""
+
+
 def _drafting_figures(row: Record, same: list[Record]) -> list[Record]:
     """Issue 14 at one length of a speed suite: rapid against its ceiling; the adaptive
     variant against the best fixed gamma and against lc; rapid against rapid without the
@@ -73,7 +79,7 @@ def _drafting_figures(row: Record, same: list[Record]) -> list[Record]:
     fixed = [r for r in rapid if "adaptive" not in r["label"] and "no-lookup" not in r["label"]]
     by_label = {r["label"].removeprefix(row["label"]).strip(): r for r in rapid}
     best_fixed = max((r["decode_tokens_per_second"] or 0 for r in fixed), default=0)
-    adaptive, unaided = by_label.get("adaptive"), by_label.get("no-lookup")
+    unaided = by_label.get("no-lookup")
     figures = [
         _figure(
             f"rapid speedup / ceiling ({row['suite']})",
@@ -82,17 +88,13 @@ def _drafting_figures(row: Record, same: list[Record]) -> list[Record]:
             CEILING_TARGET if length >= AT_8K else None,
         )
     ]
-    if adaptive:
-        rate = adaptive["decode_tokens_per_second"]
-        figures += [
-            _figure(
-                "adaptive drafting / best fixed gamma",
-                length,
-                _ratio(rate, best_fixed),
-                _Target(1.0),
-            ),
-            _figure("adaptive drafting / lc", length, adaptive["speedup_vs_lc"], _Target(0.95)),
-        ]
+    for label, name in ADAPTIVE_ROWS:
+        if adaptive := by_label.get(label):
+            rate = adaptive["decode_tokens_per_second"]
+            figures += [
+                _figure(f"{name} / best fixed gamma", length, _ratio(rate, best_fixed), _Target(1)),
+                _figure(f"{name} / lc", length, adaptive["speedup_vs_lc"], _Target(0.95)),
+            ]
     if unaided:
         ratio = _ratio(row["decode_tokens_per_second"], unaided["decode_tokens_per_second"])
         figures.append(_figure("rapid / rapid without the lookup", length, ratio, _Target(1.0)))

@@ -67,13 +67,16 @@ run: transformers' heuristic with its 0.4 stop 1.23x lc, this variant 1.39x; doc
 NO_LOOKUP = (("lookup_ngram", 0),)
 VARIANTS: dict[str, tuple[tuple[str, Any], ...]] = {
     "adaptive": ADAPTIVE,
+    "adaptive-again": ADAPTIVE,
     "no-lookup": NO_LOOKUP,
     "adaptive+no-lookup": ADAPTIVE + NO_LOOKUP,
     "paper": (("confidence_guard", False),),
 }
-"""Named rapid variants (their `RapidConfig` overrides): `--long` runs the first two, and
-`--variants` adds any of them to the QA suite. The lookup proposer is on by default, so
-`no-lookup` measures what it adds (docs/algorithm.md section 2.10)."""
+"""Named rapid variants (their `RapidConfig` overrides): `--long` runs the first three, and
+`--variants` adds any of them to the QA suite. `adaptive-again` is `adaptive` run right after
+it: the engine's next call at that length, which starts from the schedule the first left
+(docs/algorithm.md section 2.11). The lookup proposer is on by default, so `no-lookup`
+measures what it adds (section 2.10)."""
 
 
 @dataclass(frozen=True)
@@ -208,7 +211,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "eta-sweep": ETA_SWEEP,
     "prefill": {"prefill": True, "lengths": (8192, 32768)},
 }
-LONG_VARIANTS = ("adaptive", "no-lookup")
+LONG_VARIANTS = ("adaptive", "adaptive-again", "no-lookup")
 LONG_CACHE_BYTES = 1 << 33
 """Prefix cache bound of the long suite: a 64K prompt's KV must stay stored for the methods
 after `lc` (SmolLM2 bf16: 1.5 GB)."""
