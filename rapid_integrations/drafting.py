@@ -364,7 +364,7 @@ class GammaSchedule:
 
     With `speculate_min_context="auto"` or a measured gamma the first pass is a plain target
     step (no drafts), timed. With "auto", after `PAYOFF_PASSES` model-drafting passes the call
-    stops model drafting (gamma 0 for good; copies go on) once, after each of its last
+    stops drafting (gamma 0 for good: plain target steps, no copies) once, after each of its last
     `PAYOFF_PASSES` drafting passes, the gamma it would draft next was expected to emit fewer
     tokens per second than plain steps (`PassCosts.speedup` below `LOSING_SPEEDUP`):
     speculation that loses on this device at this length costs a few passes, not the whole
@@ -502,8 +502,11 @@ class LookupFirst:
         return self.model.copies
 
     def propose(self, gamma: int, room: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # After the payoff stop (gamma 0) the draft reads nothing unless there are copies.
-        find = self.lookup.find if gamma or self.lookup.find([], 1) else None
+        # After the payoff stop (gamma 0) copies stop too: the draft would read every token
+        # emitted since it last read to vet them (fp32 2K: 77 ms a vetting pass against a
+        # 43 ms target step; a call stopped from its first pass ran at 0.92x lc, and at
+        # 0.99x without copies).
+        find = self.lookup.find if gamma else None
         self._x, q = self.model.propose(gamma, room, find)
         return self._x, q
 

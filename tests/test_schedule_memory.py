@@ -141,9 +141,10 @@ def test_a_length_where_drafting_lost_decodes_like_the_target_from_the_next_call
     tok, target, draft, monkeypatch
 ):
     """A draft 10x slower than the target: the first call stops drafting after a few passes;
-    the next call at that length never runs the draft, one target pass a token, and is exact; a
-    call 4x longer measures afresh."""
-    cfg = RapidConfig(eta=0.0, max_new_tokens=24, speculate_min_context="auto", lookup_ngram=0)
+    the next call at that length never runs the draft, not even to vet the copies its
+    repetitive prompt offers (docs/algorithm.md section 2.10), one target pass a token, and is
+    exact; a call 4x longer measures afresh."""
+    cfg = RapidConfig(eta=0.0, max_new_tokens=24, speculate_min_context="auto", lookup_ngram=2)
     engine = RapidEngine(target, draft, tokenizer=tok, config=cfg)
     slowed(draft, 0.02, monkeypatch)
     outs = [engine.generate(p, "abc", ignore_eos=True) for p in ("abcdefghijkl" * 2, "mnop" * 6)]
