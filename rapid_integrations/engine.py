@@ -393,9 +393,7 @@ class RapidEngine:
     def _schedule(self, plan: _Plan, stats: RapidStats) -> tuple[Hashable, GammaSchedule, bool]:
         """The call's gamma schedule, its key and whether it is fresh: where the last call at
         its length left off, while that still holds (docs/algorithm.md section 2.11)."""
-        grammar = plan.grammar is not None
-        draft_tokens = len(plan.draft_ids or ())
-        key = schedule_key(stats.mode, len(plan.ids), draft_tokens, plan.cfg, grammar)
+        key = schedule_key(stats.mode, len(plan.ids), plan.cfg, plan.grammar is not None)
         schedule, fresh = self.schedules.start(key, plan.cfg)
         stats.schedule_from_earlier_call = not fresh
         return key, schedule, fresh

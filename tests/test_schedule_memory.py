@@ -13,7 +13,7 @@ from tests.test_engine_adaptive import slowed
 from tests.tiny import reference_greedy
 
 AUTO = RapidConfig(gamma=4, speculate_min_context="auto")
-KEY = schedule_key("rapid", 2048, 500, AUTO, False)
+KEY = schedule_key("rapid", 2048, AUTO, False)
 
 
 def measure(schedule: GammaSchedule, loses: bool) -> None:
@@ -80,7 +80,7 @@ def test_a_measured_gamma_continues_where_the_last_call_ended():
     """The next call starts at the gamma and costs the last one ended with, on its own copy:
     two calls that run at once do not share one schedule."""
     cfg = RapidConfig(adaptive_gamma="measured", gamma=2, gamma_max=12, lookup_ngram=0)
-    key = schedule_key("rapid", 4096, 700, cfg, False)
+    key = schedule_key("rapid", 4096, cfg, False)
     memory, measured = ScheduleMemory(), 0
     for _ in range(3):  # fresh, not, fresh with the same verdict: the next 2 are not fresh
         schedule, fresh = memory.start(key, cfg)
@@ -105,15 +105,14 @@ def test_a_measured_gamma_continues_where_the_last_call_ended():
 
 
 def test_calls_share_a_schedule_only_at_the_same_length_and_settings():
-    same = schedule_key("rapid", 2200, 520, AUTO, False)  # within a quarter octave
-    assert same == KEY
+    assert schedule_key("rapid", 2200, AUTO, False) == KEY  # within a quarter octave
     others = [
-        schedule_key("rapid", 4096, 500, AUTO, False),
-        schedule_key("rapid", 2048, 1000, AUTO, False),
-        schedule_key("sd", 2048, 500, AUTO, False),
-        schedule_key("rapid", 2048, 500, AUTO, True),
-        schedule_key("rapid", 2048, 500, AUTO.replace(gamma_max=16), False),
-        schedule_key("rapid", 2048, 500, AUTO.replace(lookup_ngram=0), False),
+        schedule_key("rapid", 4096, AUTO, False),
+        schedule_key("rapid", 2500, AUTO, False),
+        schedule_key("sd", 2048, AUTO, False),
+        schedule_key("rapid", 2048, AUTO, True),
+        schedule_key("rapid", 2048, AUTO.replace(gamma_max=16), False),
+        schedule_key("rapid", 2048, AUTO.replace(lookup_ngram=0), False),
     ]
     assert KEY not in others and len(set(others)) == len(others)
 
@@ -130,11 +129,11 @@ def test_a_fixed_gamma_is_not_kept():
 def test_the_memory_holds_at_most_max_keys():
     memory = ScheduleMemory()
     for n in range(ScheduleMemory.MAX_KEYS + 1):
-        key = schedule_key("rapid", 2**n, 1, AUTO, False)
+        key = schedule_key("rapid", 2**n, AUTO, False)
         schedule, fresh = memory.start(key, AUTO)
         memory.keep(key, schedule, fresh)
     assert len(memory) == ScheduleMemory.MAX_KEYS
-    assert memory.start(schedule_key("rapid", 1, 1, AUTO, False), AUTO)[1]  # the oldest went
+    assert memory.start(schedule_key("rapid", 1, AUTO, False), AUTO)[1]  # the oldest went
 
 
 def test_a_length_where_drafting_lost_decodes_like_the_target_from_the_next_call(
