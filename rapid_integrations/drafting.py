@@ -263,6 +263,10 @@ class PassCosts:
     the last 1 / (1 - DECAY) = 33 drafts whatever gamma is (a decay per pass would remember
     fewer drafts at a small gamma, read a lower acceptance there and keep gamma small)."""
 
+    MIN_SPREAD = 2.0
+    """Drafts by which the passes' widths must spread (standard deviation) before the verify
+    line gets an offset of its own: a line through passes of nearly one width is noise."""
+
     PRIOR_PASSES = 4.0
     """Pseudo-passes at the pooled rejection rate behind each draft index's own rate: one
     rejection among the few passes that reached an index (at 8K, draft 5 of 3 passes) would
@@ -275,6 +279,8 @@ class PassCosts:
         self._passes, self._drafted, self._copied, self._draft_passes = 0, 0, 0, 0
         self._recent_copies, self._recent_picks = 0.0, 0.0  # decayed as the curve
         self._draft_seconds, self._verify_extra = 0.0, 0.0
+        self._drafted_sq, self._cross = 0.0, 0.0  # sums of k^2 and k y (`verify_line`)
+        self._emitted, self._seconds = 0, 0.0  # tokens and wall seconds of drafting passes
         size = gamma_max + lookup_tokens  # the most drafts a pass holds
         self._reached = [0.0] * size  # decayed passes that reached draft j
         self._rejected = [0.0] * size  # decayed passes that rejected draft j
@@ -301,6 +307,10 @@ class PassCosts:
         self._draft_passes += drafted - copied if draft_passes is None else draft_passes
         self._draft_seconds += draft_seconds
         self._verify_extra += verify_seconds - self.plain_step
+        self._drafted_sq += drafted**2
+        self._cross += drafted * (verify_seconds - self.plain_step)
+        self._emitted += accepted + 1
+        self._seconds += draft_seconds + verify_seconds
         rejected = int(accepted < drafted)
         fade = self.DECAY ** (accepted + rejected)
         self._reached = [fade * r + (j < accepted + rejected) for j, r in enumerate(self._reached)]
@@ -331,23 +341,47 @@ class PassCosts:
             tokens += kept * min(1.0, drafts - j)
         return tokens
 
+    def verify_line(self) -> tuple[float, float]:
+        """(v, s) seconds: a verify pass of k drafts is expected to take the plain step + v +
+        k s. The least-squares line through the drafting passes' (k, verify seconds - plain
+        step); through 0 (v = 0) when their widths spread by less than `MIN_SPREAD` drafts or
+        the line's v or s is negative (a verify pass that grows faster than linearly, as at
+        32K). Why a line: a verify pass's cost jumps from 1 token to a few, then grows slowly
+        (fp32 at 4K: 54, 90, 103, 138 ms for 1, 9, 17, 33 tokens), so a slope through 0 priced
+        every draft beyond the first few at 2.5 times its cost and kept gamma short."""
+        n, k, y = self._passes, self._drafted, self._verify_extra
+        spread = self._drafted_sq / n - (k / n) ** 2
+        through_zero = (0.0, max(0.0, y) / k)
+        if spread < self.MIN_SPREAD**2:
+            return through_zero
+        slope = (self._cross / n - k * y / n**2) / spread
+        offset = (y - slope * k) / n
+        return through_zero if min(offset, slope) < 0 else (offset, slope)
+
     def pass_seconds(self, gamma: int) -> float:
         """Expected seconds of a pass of `gamma` picks: the plain step, per pick a draft
-        forward pass, per draft (copies too) the verify slope, and the draft forward passes a
-        pass makes beyond its picks (the bonus row's, docs/algorithm.md section 2.7)."""
+        forward pass, the verify pass's line in its drafts (copies too, `verify_line`), and
+        the draft forward passes a pass makes beyond its picks (the bonus row's,
+        docs/algorithm.md section 2.7)."""
         assert self.plain_step is not None and self._drafted
         forward = self._draft_seconds / max(1, self._draft_passes)
-        slope = max(0.0, self._verify_extra) / self._drafted
+        offset, slope = self.verify_line()
         picks = self._drafted - self._copied
         extra = max(0, self._draft_passes - picks) / self._passes
         drafts = self.expected_drafts(gamma)
-        return self.plain_step + (gamma + extra) * forward + drafts * slope
+        return self.plain_step + (gamma + extra) * forward + offset + drafts * slope
 
     def speedup(self, gamma: int) -> float:
         """Expected tokens per second of passes of `gamma` picks, over the plain step's."""
         assert self.plain_step is not None
         tokens = self.expected_tokens(self.expected_drafts(gamma))
         return tokens * self.plain_step / self.pass_seconds(gamma)
+
+    def realized_speedup(self) -> float:
+        """Tokens per second the drafting passes emitted, over the plain step's (1.0 before
+        any): what speculation has paid so far, whatever the model expects next."""
+        assert self.plain_step is not None
+        return self._emitted * self.plain_step / self._seconds if self._seconds else 1.0
 
     def best_gamma(self, gamma_max: int) -> int:
         """The gamma in [1, gamma_max] with the most expected tokens per second."""
@@ -366,9 +400,10 @@ class GammaSchedule:
     step (no drafts), timed. With "auto", after `PAYOFF_PASSES` model-drafting passes the call
     stops drafting (gamma 0 for good: plain target steps, no copies) once, after each of its last
     `PAYOFF_PASSES` drafting passes, the gamma it would draft next was expected to emit fewer
-    tokens per second than plain steps (`PassCosts.speedup` below `LOSING_SPEEDUP`):
-    speculation that loses on this device at this length costs a few passes, not the whole
-    call, and a short bad stretch of text does not end it.
+    tokens per second than plain steps (`PassCosts.speedup` below `LOSING_SPEEDUP`), and the
+    drafting passes so far did too (`PassCosts.realized_speedup`): speculation that loses on
+    this device at this length costs a few passes, not the whole call, and a bad stretch of
+    text after passes that paid does not end it.
     """
 
     PAYOFF_PASSES = 4
@@ -436,7 +471,8 @@ class GammaSchedule:
         # A pass expected to lose lengthens the losing streak; one expected to pay ends it.
         losing = self._auto and self.costs.speedup(self._gamma) < self.LOSING_SPEEDUP
         self._losing = self._losing + 1 if losing else 0
-        self.stopped = self._losing >= self.PAYOFF_PASSES
+        streak = self._losing >= self.PAYOFF_PASSES
+        self.stopped = streak and self.costs.realized_speedup() < self.LOSING_SPEEDUP
 
 
 class LookupProposer:

@@ -138,8 +138,9 @@ def best_gamma_by_hand(
     gamma_max: int,
     slope: float = 0.0,
     most_copies: int = 0,
+    offset: float = 0.0,
 ) -> int:
-    """argmax over g of E(D) / (plain + g x per_draft + D x slope), D = g + min(c g,
+    """argmax over g of E(D) / (plain + g x per_draft + offset + D x slope), D = g + min(c g,
     most_copies) drafts with c the copies per pick, E from `curve_by_hand` (a fraction of a
     draft counts its share of the next one)."""
     survive, per_pick = curve_by_hand(passes, gamma_max + most_copies)
@@ -149,7 +150,7 @@ def best_gamma_by_hand(
         whole = int(drafts)
         part = (drafts - whole) * survive[whole] if drafts > whole else 0.0
         tokens = 1 + survive[:whole].sum() + part
-        return tokens / (plain + g * per_draft + drafts * slope)
+        return tokens / (plain + g * per_draft + offset + drafts * slope)
 
     return max(range(1, gamma_max + 1), key=rate)
 
@@ -193,6 +194,44 @@ def test_measured_gamma_counts_the_copies_a_pick_brings(copied):
         # Priced as if a pass held its picks only, gamma would differ: copies moved it.
         moved |= schedule.gamma != best_gamma_by_hand(passes, 0.02, 0.1, 24, 0.002, 0)
     assert moved is bool(copied)
+
+
+def verify_line_by_hand(widths: list[int], extra: list[float]) -> tuple[float, float]:
+    """docs/algorithm.md 2.9: numpy's least-squares line through (drafts, verify seconds over
+    the plain step), unless the widths' standard deviation is below 2 or the line's offset or
+    slope is negative; then the slope through 0."""
+    if np.std(widths) >= 2:
+        slope, offset = np.polyfit(widths, extra, 1)
+        if min(slope, offset) >= 0:
+            return offset, slope
+    return 0.0, sum(extra) / sum(widths)
+
+
+@pytest.mark.parametrize("curve", ["jump", "convex"])
+def test_measured_gamma_prices_a_verify_pass_by_its_line(curve):
+    """Passes of 4 picks and 0-8 copies whose verify pass costs 30 ms + 2 ms a draft over
+    the plain step (fp32 4K's shape: a jump, then a slow climb) or 0.5 ms x drafts^2 (a
+    line's offset would be negative: priced through 0). After every pass the line and gamma
+    equal the hand-computed ones; with the jump, once the widths spread, gamma is longer than
+    a slope through 0 would make it."""
+    cfg = RapidConfig(gamma=4, adaptive_gamma="measured", gamma_max=24, lookup_tokens=10)
+    schedule = GammaSchedule(cfg)
+    schedule.update(0, 0, 0, 0.0, 0.05)
+    passes, widths, extra, longer = [], [], [], False
+    for copied in [0, 2, 4, 8, 1, 6, 3, 8]:
+        drafted = 4 + copied
+        cost = 0.03 + 0.002 * drafted if curve == "jump" else 0.0005 * drafted**2
+        schedule.update(4, drafted, drafted - 1, 4 * 0.02, 0.05 + cost, 4, copied)
+        passes.append((drafted, copied, drafted - 1))
+        widths.append(drafted)
+        extra.append(cost)
+        offset, slope = verify_line_by_hand(widths, extra)
+        assert schedule.costs.verify_line() == pytest.approx((offset, slope), abs=1e-9)
+        want = best_gamma_by_hand(passes, 0.02, 0.05, 24, slope, 10, offset)
+        assert schedule.gamma == want
+        through_zero = best_gamma_by_hand(passes, 0.02, 0.05, 24, sum(extra) / sum(widths), 10)
+        longer |= want > through_zero
+    assert longer is (curve == "jump")
 
 
 def test_acceptance_in_runs_reads_longer_than_one_rate_says():
@@ -311,16 +350,32 @@ def test_auto_payoff_stops_drafting_only_when_it_loses():
 def test_auto_payoff_needs_a_losing_streak(monkeypatch):
     """A pass not expected to lose ends the streak: drafting stops only after PAYOFF_PASSES
     passes in a row expected below 0.95x plain steps (a short bad stretch of text does not
-    end it, nor does a pass expected at 0.97x: within what the estimate can tell)."""
+    end it, nor does a pass expected at 0.97x: within what the estimate can tell). Every
+    pass emits 3 tokens in 100 ms, 0.3x the plain steps' 100 tok/s."""
     schedule = GammaSchedule(RapidConfig(gamma=4, speculate_min_context="auto"))
     schedule.update(0, 0, 0, 0.0, 0.01)
     expected = iter([0.9, 0.9, 0.9, 0.97, 0.9, 0.9, 0.9, 0.9])
     monkeypatch.setattr(schedule.costs, "speedup", lambda gamma: next(expected))
     for _ in range(7):
-        schedule.update(4, 4, 2, 0.01, 0.01)
+        schedule.update(4, 4, 2, 0.05, 0.05)
         assert not schedule.stopped and schedule.gamma == 4
-    schedule.update(4, 4, 2, 0.01, 0.01)
+    schedule.update(4, 4, 2, 0.05, 0.05)
     assert schedule.stopped and schedule.gamma == 0
+
+
+def test_auto_payoff_needs_the_drafting_so_far_to_have_lost(monkeypatch):
+    """8 passes emit 5 tokens in 20 ms (2.5x the plain steps' 100 tok/s), then passes emit 1
+    in 50 ms, each expected to lose. Drafting stops at the first of them after which the
+    drafting passes so far emitted below 0.95x: (40 + k) tokens in 0.16 + 0.05 k seconds is
+    0.95 x 100 tok/s at k = 6.6, so at k = 7."""
+    schedule = GammaSchedule(RapidConfig(gamma=4, speculate_min_context="auto"))
+    schedule.update(0, 0, 0, 0.0, 0.01)
+    for _ in range(8):
+        schedule.update(4, 4, 4, 0.01, 0.01)
+    monkeypatch.setattr(schedule.costs, "speedup", lambda gamma: 0.5)
+    for k in range(1, 8):
+        schedule.update(4, 4, 0, 0.04, 0.01)
+        assert schedule.stopped is (k == 7)
 
 
 def test_pass_seconds_count_draft_passes_beyond_the_drafts():
