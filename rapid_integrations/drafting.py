@@ -279,6 +279,7 @@ class PassCosts:
         self._passes, self._drafted, self._copied, self._draft_passes = 0, 0, 0, 0
         self._recent_copies, self._recent_picks = 0.0, 0.0  # decayed as the curve
         self._draft_seconds, self._verify_extra = 0.0, 0.0
+        self._bare_seconds, self._bare_passes = 0.0, 0  # draft seconds, forwards without copies
         self._drafted_sq, self._cross = 0.0, 0.0  # sums of k^2 and k y (`verify_line`)
         self._emitted, self._seconds = 0, 0.0  # tokens and wall seconds of drafting passes
         size = gamma_max + lookup_tokens  # the most drafts a pass holds
@@ -304,8 +305,12 @@ class PassCosts:
         self._passes += 1
         self._drafted += drafted
         self._copied += copied
-        self._draft_passes += drafted - copied if draft_passes is None else draft_passes
+        forwards = drafted - copied if draft_passes is None else draft_passes
+        self._draft_passes += forwards
         self._draft_seconds += draft_seconds
+        if not copied:
+            self._bare_seconds += draft_seconds
+            self._bare_passes += forwards
         self._verify_extra += verify_seconds - self.plain_step
         self._drafted_sq += drafted**2
         self._cross += drafted * (verify_seconds - self.plain_step)
@@ -358,18 +363,31 @@ class PassCosts:
         offset = (y - slope * k) / n
         return through_zero if min(offset, slope) < 0 else (offset, slope)
 
+    def draft_costs(self) -> tuple[float, float]:
+        """(f, c) seconds: a draft forward pass, timed in passes without copies (all passes
+        before there is one), and what each copy adds to the forward pass that reads it: the
+        draft seconds beyond f per forward pass, over the copies. A forward pass that reads
+        copies costs more (fp32 at 4K: 44-54 ms against 35 ms), which an average over all
+        passes charged to every pick, and the measured gamma expected 0.9x where it ran
+        1.05x."""
+        total = self._draft_seconds / max(1, self._draft_passes)
+        forward = self._bare_seconds / self._bare_passes if self._bare_passes else total
+        beyond = max(0.0, self._draft_seconds - forward * self._draft_passes)
+        return forward, beyond / self._copied if self._copied else 0.0
+
     def pass_seconds(self, gamma: int) -> float:
         """Expected seconds of a pass of `gamma` picks: the plain step, per pick a draft
-        forward pass, the verify pass's line in its drafts (copies too, `verify_line`), and
-        the draft forward passes a pass makes beyond its picks (the bonus row's,
-        docs/algorithm.md section 2.7)."""
+        forward pass and per expected copy its share of one (`draft_costs`), the verify
+        pass's line in its drafts (copies too, `verify_line`), and the draft forward passes a
+        pass makes beyond its picks (the bonus row's, docs/algorithm.md section 2.7)."""
         assert self.plain_step is not None and self._drafted
-        forward = self._draft_seconds / max(1, self._draft_passes)
+        forward, per_copy = self.draft_costs()
         offset, slope = self.verify_line()
         picks = self._drafted - self._copied
         extra = max(0, self._draft_passes - picks) / self._passes
         drafts = self.expected_drafts(gamma)
-        return self.plain_step + (gamma + extra) * forward + offset + drafts * slope
+        draft = (gamma + extra) * forward + (drafts - gamma) * per_copy
+        return self.plain_step + draft + offset + drafts * slope
 
     def speedup(self, gamma: int) -> float:
         """Expected tokens per second of passes of `gamma` picks, over the plain step's."""

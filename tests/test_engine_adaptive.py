@@ -424,6 +424,26 @@ def test_pass_seconds_price_copies_at_the_verify_slope_alone():
         assert costs.pass_seconds(g) == pytest.approx(0.060 + (g + 1) * 0.010 + drafts * 0.002)
 
 
+def test_a_copy_costs_what_it_adds_to_the_draft_pass_that_reads_it():
+    """Passes of 4 picks in 5 draft forward passes: 50 ms without copies (10 ms a forward),
+    70 ms with 4 copies the draft kept (5 ms a copy). A pass of g picks is expected to cost
+    g + 1 forwards of 10 ms, 5 ms per expected copy (`expected_drafts` - g: about 2 per 4
+    picks, as recent passes weigh more), and the 2 ms verify slope per draft; an average
+    forward (12 ms) would charge copies to picks."""
+    cfg = RapidConfig(adaptive_gamma="measured", gamma_max=16, lookup_tokens=10)
+    costs = GammaSchedule(cfg).costs
+    costs.record(0, 0, 0.0, 0.060)
+    for copied in [0, 4, 0, 4]:
+        drafted = 4 + copied
+        costs.record(drafted, drafted, 0.050 + copied * 0.005, 0.060 + drafted * 0.002, 5, copied)
+    assert costs.draft_costs() == pytest.approx((0.010, 0.005))
+    for g in (1, 4, 12):
+        copies = costs.expected_drafts(g) - g
+        assert 0.4 * g < copies < 0.6 * g
+        want = 0.060 + (g + 1) * 0.010 + copies * 0.005 + (g + copies) * 0.002
+        assert costs.pass_seconds(g) == pytest.approx(want)
+
+
 def slowed(model: torch.nn.Module, seconds: float, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every forward pass of `model` takes `seconds` longer (restored after the test)."""
     forward = model.forward
