@@ -247,11 +247,13 @@ def needs_q(config: RapidConfig) -> bool:
 class PassCosts:
     """What a call's own passes measured (seconds), for `GammaSchedule`.
 
-    plain_step: the first pass, the target alone reading one token; per draft forward pass
-    its seconds, per draft what it adds to the verify pass; how many copies the draft kept per
-    pick (docs/algorithm.md section 2.10); and the acceptance curve of recent drafts, copies
-    included (they are distributed as the draft's own): for each draft index j, how often a
-    pass reached its j-th draft and how often it was rejected there. Each verdict (a kept
+    plain_step: the first pass, the target alone reading one token; a draft forward pass's
+    seconds and what a copy adds to it (`draft_costs`); the verify pass's seconds over the
+    plain step as a line in its drafts (`verify_line`); the tokens and seconds of all drafting
+    passes (`realized_speedup`); how many copies the draft kept per pick (docs/algorithm.md
+    section 2.10); and the acceptance curve of recent drafts, copies included (they are
+    distributed as the draft's own): for each draft index j, how often a pass reached its
+    j-th draft and how often it was rejected there. Each verdict (a kept
     draft, or the rejection) and each copy weighs `DECAY` times less per later verdict.
     Acceptance comes in runs on real text (a pass is kept whole or cut early), which a single
     per-draft rate under-counts: at 8K, gamma 8 kept 113 of 119 drafts, 8.5 tokens a pass,
