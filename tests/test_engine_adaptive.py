@@ -410,10 +410,11 @@ def test_the_schedule_times_passes_with_copies(engines, monkeypatch):
     assert copied > 0
 
 
-def test_pass_seconds_price_copies_at_the_verify_slope_alone():
+def test_pass_seconds_price_copies_at_the_verify_slope_while_every_pass_has_copies():
     """Passes of 4 picks and 4 copies the draft kept, in 5 draft forward passes: a pass of g
     picks is expected to hold g + min(g, 10) drafts (one copy per pick, at most
-    lookup_tokens), each costing the 2 ms verify slope, and g + 1 forwards of 10 ms."""
+    lookup_tokens), each costing the 2 ms verify slope, and g + 1 forwards of 10 ms (with no
+    pass free of copies there is nothing to tell a copy's share of a forward from a pick's)."""
     cfg = RapidConfig(adaptive_gamma="measured", gamma_max=16, lookup_tokens=10)
     costs = GammaSchedule(cfg).costs
     costs.record(0, 0, 0.0, 0.060)
