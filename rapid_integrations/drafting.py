@@ -283,7 +283,7 @@ class PassCosts:
         self._draft_seconds, self._verify_extra = 0.0, 0.0
         self._bare_seconds, self._bare_passes = 0.0, 0  # draft seconds, forwards without copies
         self._drafted_sq, self._cross = 0.0, 0.0  # sums of k^2 and k y (`verify_line`)
-        self._emitted, self._seconds = 0, 0.0  # tokens and wall seconds of drafting passes
+        self._emitted = 0  # tokens the drafting passes emitted
         size = gamma_max + lookup_tokens  # the most drafts a pass holds
         self._reached = [0.0] * size  # decayed passes that reached draft j
         self._rejected = [0.0] * size  # decayed passes that rejected draft j
@@ -317,7 +317,6 @@ class PassCosts:
         self._drafted_sq += drafted**2
         self._cross += drafted * (verify_seconds - self.plain_step)
         self._emitted += accepted + 1
-        self._seconds += draft_seconds + verify_seconds
         rejected = int(accepted < drafted)
         fade = self.DECAY ** (accepted + rejected)
         self._reached = [fade * r + (j < accepted + rejected) for j, r in enumerate(self._reached)]
@@ -401,7 +400,8 @@ class PassCosts:
         """Tokens per second the drafting passes emitted, over the plain step's (1.0 before
         any): what speculation has paid so far, whatever the model expects next."""
         assert self.plain_step is not None
-        return self._emitted * self.plain_step / self._seconds if self._seconds else 1.0
+        seconds = self._draft_seconds + self._verify_extra + self._passes * self.plain_step
+        return self._emitted * self.plain_step / seconds if self._passes else 1.0
 
     def best_gamma(self, gamma_max: int) -> int:
         """The gamma in [1, gamma_max] with the most expected tokens per second."""
