@@ -226,6 +226,11 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-new-tokens", type=int, help="answer cap of QA runs")
     p.add_argument("--speed-tokens", type=int, help="tokens decoded by speed-only runs")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        help="times speed-only runs repeat all their methods in turn (figures give the spread)",
+    )
     p.add_argument("--speed-lengths", type=_ints, help="fixed-length speed runs ('' to skip)")
     p.add_argument("--rope-lengths", type=_ints, help="RoPE-scaled speed runs ('' to skip)")
     p.add_argument(
@@ -456,6 +461,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         variant_etas=args.variant_etas,
         max_new_tokens=args.max_new_tokens,
         speed_tokens=args.speed_tokens,
+        rounds=args.rounds,
         speed_lengths=args.speed_lengths,
         rope_lengths=args.rope_lengths,
         tiny_speed=args.tiny_speed,

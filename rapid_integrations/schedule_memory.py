@@ -80,6 +80,11 @@ class ScheduleMemory:
     def __len__(self) -> int:
         return len(self._kept)
 
+    def clear(self) -> None:
+        """Forget every kept schedule: the next call at any key measures afresh."""
+        with self._lock:
+            self._kept.clear()
+
     def start(self, key: Hashable, cfg: RapidConfig) -> tuple[GammaSchedule, bool]:
         """The schedule for a call at `key`, and whether it is fresh (measures from scratch):
         a copy of the kept one while it has calls left, else a new one."""

@@ -9,6 +9,7 @@ import torch
 
 from rapid_integrations import RapidConfig, RapidConfigError
 from rapid_integrations.bench.dataset import TASK_KINDS, build_tasks
+from rapid_integrations.bench.figures import speed_figures
 from rapid_integrations.bench.methods import METHODS, Method
 from rapid_integrations.bench.models import load_rope_scaled, tiny_pair
 from rapid_integrations.bench.plots import PLOTS
@@ -16,7 +17,7 @@ from rapid_integrations.bench.probe import ForwardProbe, peak_memory_bytes, rese
 from rapid_integrations.bench.runner import BenchSettings, long_methods
 from rapid_integrations.bench.scoring import exact_match, normalize_words, token_f1
 from rapid_integrations.bench.summary import summarize
-from rapid_integrations.bench.tables import length_name
+from rapid_integrations.bench.tables import length_name, markdown
 from rapid_integrations.cli import main
 from rapid_integrations.tokens import encode_prompt
 
@@ -213,36 +214,40 @@ def test_rope_scaled_model_has_the_longer_window():
     assert model.config.rope_parameters["rope_type"] == "linear"
 
 
-def test_summary_pools_rates_and_divides_by_lc():
-    def record(method, eta, tokens, seconds, drafted=0, accepted=0):
-        return {
-            "suite": "qa",
-            "method": method,
-            "label": method,
-            "eta": eta,
-            "context_label": 2048,
-            "turn": 1,
-            "task": "single",
-            "context_tokens": 2000,
-            "draft_context_tokens": 0,
-            "accuracy": 1.0,
-            "f1": 0.5,
-            "needle_recall": None,
-            "new_tokens": tokens,
-            "decode_tokens_per_second": tokens / seconds,
-            "decode_seconds": seconds,
-            "drafted_tokens": drafted,
-            "accepted_tokens": accepted,
-            "prefill_seconds": 1.0,
-            "time_to_first_token": 1.1,
-            "retrieval_seconds": None,
-            "forward_seconds": seconds / 2,
-            "main_step_seconds": None,
-            "verify_step_seconds": None,
-            "draft_step_seconds": None,
-            "peak_memory_bytes": 10,
-        }
+def _summary_record(method, eta, tokens, seconds, drafted=0, accepted=0, **fields):
+    """A results record with the fields `summarize` reads (qa suite at 2K unless `fields`)."""
+    return {
+        "suite": "qa",
+        "method": method,
+        "label": method,
+        "eta": eta,
+        "context_label": 2048,
+        "turn": 1,
+        "task": "single",
+        "context_tokens": 2000,
+        "draft_context_tokens": 0,
+        "accuracy": 1.0,
+        "f1": 0.5,
+        "needle_recall": None,
+        "new_tokens": tokens,
+        "decode_tokens_per_second": tokens / seconds,
+        "decode_seconds": seconds,
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "prefill_seconds": 1.0,
+        "time_to_first_token": 1.1,
+        "retrieval_seconds": None,
+        "forward_seconds": seconds / 2,
+        "main_step_seconds": None,
+        "verify_step_seconds": None,
+        "draft_step_seconds": None,
+        "peak_memory_bytes": 10,
+        **fields,
+    }
 
+
+def test_summary_pools_rates_and_divides_by_lc():
+    record = _summary_record
     records = [
         record("lc", None, 10, 1.0),
         record("lc", None, 30, 1.0),  # pooled: 40 tokens / 2 s = 20 tok/s
@@ -254,6 +259,54 @@ def test_summary_pools_rates_and_divides_by_lc():
     assert rows["rapid", "all"]["acceptance_rate"] == pytest.approx(0.75)
     assert rows["lc", "all"]["outside_forward_fraction"] == pytest.approx(0.5)
     assert length_name(8192) == "8K" and length_name(512) == "512"
+
+
+def test_rate_figures_pool_rounds_and_give_the_spread_of_their_ratios():
+    """Over rounds, the best fixed gamma is the fixed row with the best pooled rate (here
+    gamma 16, though gamma 8 wins round 2), and a figure's spread is the lowest and highest
+    ratio of the two rows' rates within one round."""
+    rates = {  # tok/s in rounds 1 and 2; 12 tokens each
+        "lc": (10.0, 10.0),
+        "rapid eta=5": (12.5, 12.5),
+        "rapid eta=5 gamma=4": (14.0, 9.0),
+        "rapid eta=5 gamma=16": (16.0, 11.0),
+        "rapid eta=5 adaptive": (13.0, 12.0),
+    }
+    records = [
+        _summary_record(
+            "lc" if label == "lc" else "rapid",
+            None if label == "lc" else 5.0,
+            12,
+            12 / rate,
+            drafted=0 if label == "lc" else 10,
+            accepted=0 if label == "lc" else 8,
+            suite="long",
+            label=label,
+            round=n,
+        )
+        for label, pair in rates.items()
+        for n, rate in enumerate(pair, 1)
+    ]
+    summary = summarize(records)
+    rows = {r["label"]: r for r in summary if r["task"] == "all"}
+    assert rows["rapid eta=5 gamma=4"]["round_rates"] == pytest.approx([14.0, 9.0])
+    pooled = {label: 24 / (12 / a + 12 / b) for label, (a, b) in rates.items()}
+    figures = {f["figure"]: f for f in speed_figures(records, summary, {"default_eta": 5.0})}
+    best = figures["adaptive drafting / best fixed gamma"]
+    assert best["value"] == pytest.approx(
+        pooled["rapid eta=5 adaptive"] / pooled["rapid eta=5 gamma=16"]
+    )
+    assert best["spread"] == pytest.approx([13 / 16, 12 / 11]) and best["met"] is False
+    versus_lc = figures["adaptive drafting / lc"]
+    assert versus_lc["spread"] == pytest.approx([1.2, 1.3]) and versus_lc["met"] is True
+    assert figures["decode speedup of rapid over lc (long)"]["spread"] == pytest.approx(
+        [1.25, 1.25]
+    )
+    table = markdown({}, summary, list(figures.values()), [])
+    assert (
+        "| adaptive drafting / best fixed gamma | 2K | 0.957 (0.812-1.09) | >= 1 | not met |"
+        in table
+    )
 
 
 # ---- a whole run on tiny random models ------------------------------------------------------
@@ -344,6 +397,34 @@ def test_long_preset_records_carry_the_ceiling(tmp_path, capsys):
         "adaptive drafting / best fixed gamma",
         "adaptive, next call / lc",
     } <= figures
+
+
+def test_long_preset_rounds_repeat_every_method_as_a_fresh_engine_would(tmp_path, capsys):
+    """`--rounds 3` runs every method three times, round after round. Each round starts as a
+    fresh engine would: lc prefills cold, the first adaptive call measures afresh (without
+    the reset, the third round's would start from the second's schedule, which bought 2
+    calls) and the next starts from its schedule. Summary rows give each round's rate, and
+    the figures the spread of their ratios."""
+    flags = "--long --tiny-models --lengths 512 --speed-tokens 8 --gammas 2 --rounds 3"
+    records = (results := _bench(tmp_path, capsys, flags))["records"]
+    third = len(records) // 3
+    assert [r["round"] for r in records] == [1] * third + [2] * third + [3] * third
+    labels = [r["label"] for r in records]
+    assert labels[:third] == labels[third : 2 * third] == labels[2 * third :]
+    for n in (1, 2, 3):
+        by_label = {r["label"]: r for r in records if r["round"] == n}
+        assert by_label["lc"]["cached_prefix_tokens"] == 0
+        assert by_label["rapid eta=5"]["cached_prefix_tokens"] > 0
+        assert not by_label["rapid eta=5 adaptive"]["engine_stats"]["schedule_from_earlier_call"]
+        assert by_label["rapid eta=5 adaptive-again"]["engine_stats"]["schedule_from_earlier_call"]
+    rows = {r["label"]: r for r in results["summary"] if r["task"] == "all"}
+    for label, row in rows.items():
+        rates = [r["decode_tokens_per_second"] for r in records if r["label"] == label]
+        assert row["n"] == 3 and row["round_rates"] == pytest.approx(rates)
+    again, lc = rows["rapid eta=5 adaptive-again"]["round_rates"], rows["lc"]["round_rates"]
+    figure = next(f for f in results["speed_figures"] if f["figure"] == "adaptive, next call / lc")
+    ratios = [a / b for a, b in zip(again, lc, strict=True)]
+    assert figure["spread"] == pytest.approx([min(ratios), max(ratios)])
 
 
 def test_long_preset_runs_the_methods_named():

@@ -78,7 +78,8 @@ def _drafting_figures(row: Record, same: list[Record]) -> list[Record]:
     rapid = [r for r in same if r["method"] == "rapid" and r["eta"] == row["eta"]]
     fixed = [r for r in rapid if "adaptive" not in r["label"] and "no-lookup" not in r["label"]]
     by_label = {r["label"].removeprefix(row["label"]).strip(): r for r in rapid}
-    best_fixed = max((r["decode_tokens_per_second"] or 0 for r in fixed), default=0)
+    best_fixed = max(fixed, key=lambda r: r["decode_tokens_per_second"] or 0, default=None)
+    lc = next((r for r in same if r["method"] == "lc"), None)
     unaided = by_label.get("no-lookup")
     figures = [
         _figure(
@@ -90,15 +91,25 @@ def _drafting_figures(row: Record, same: list[Record]) -> list[Record]:
     ]
     for label, name in ADAPTIVE_ROWS:
         if adaptive := by_label.get(label):
-            rate = adaptive["decode_tokens_per_second"]
             figures += [
-                _figure(f"{name} / best fixed gamma", length, _ratio(rate, best_fixed), _Target(1)),
-                _figure(f"{name} / lc", length, adaptive["speedup_vs_lc"], _Target(0.95)),
+                _rate_figure(f"{name} / best fixed gamma", adaptive, best_fixed, _Target(1)),
+                _rate_figure(f"{name} / lc", adaptive, lc, _Target(0.95)),
             ]
     if unaided:
-        ratio = _ratio(row["decode_tokens_per_second"], unaided["decode_tokens_per_second"])
-        figures.append(_figure("rapid / rapid without the lookup", length, ratio, _Target(1.0)))
+        figures.append(_rate_figure("rapid / rapid without the lookup", row, unaided, _Target(1)))
     return figures
+
+
+def _rate_figure(name: str, row: Record, base: Record | None, target: _Target | None) -> Record:
+    """`row`'s decode rate over `base`'s, pooled over the rounds, with the lowest and highest
+    ratio of one round's rates (`spread`, where the suite ran more than one round)."""
+    value = _ratio(row["decode_tokens_per_second"], base and base["decode_tokens_per_second"])
+    figure = _figure(name, row["context_label"], value, target)
+    ours, theirs = row.get("round_rates"), base and base.get("round_rates")
+    if ours and theirs and len(ours) == len(theirs):
+        ratios = [r for r in map(_ratio, ours, theirs) if r is not None]
+        figure["spread"] = [min(ratios), max(ratios)] if ratios else None
+    return figure
 
 
 def _figure(name: str, length: int | None, value: float | None, target: _Target | None) -> Record:
@@ -108,6 +119,7 @@ def _figure(name: str, length: int | None, value: float | None, target: _Target 
         "value": value,
         "target": target.text if target else None,
         "met": target.met(value) if target else None,
+        "spread": None,
     }
 
 
@@ -157,12 +169,9 @@ def _followup_figures(records: list[Record]) -> list[Record]:
 def _rapid_figures(row: Record, same: list[Record], meta: dict[str, Any]) -> list[Record]:
     """Figures of rapid at one suite and length; `same`: the other methods' rows there."""
     suite, length = row["suite"], row["context_label"]
-    speedup = _figure(
-        f"decode speedup of rapid over lc ({suite})",
-        length,
-        row["speedup_vs_lc"],
-        SPEEDUP_TARGETS[suite].get(length),
-    )
+    lc = next((r for r in same if r["method"] == "lc"), None)
+    name = f"decode speedup of rapid over lc ({suite})"
+    speedup = _rate_figure(name, row, lc, SPEEDUP_TARGETS[suite].get(length))
     acceptance = _figure(
         f"acceptance rate ({suite})",
         length,
@@ -178,7 +187,6 @@ def _rapid_figures(row: Record, same: list[Record], meta: dict[str, Any]) -> lis
             _figure("decode speed of rapid / transformers prompt lookup", length, ratio, target),
             acceptance,
         ]
-    lc = next((r for r in same if r["method"] == "lc"), None)
     verify = _ratio(row["verify_step_seconds"], lc and lc["main_step_seconds"])
     return [
         speedup,

@@ -84,7 +84,10 @@ class BenchSettings:
     """What `rapid bench` runs. Lengths are nominal context sizes in tokens.
 
     per_cell: tasks per (kind, length); etas: the rapid eta values; max_new_tokens: answer
-    cap of QA runs; speed_tokens: tokens decoded by speed-only runs; speed_lengths: lengths of
+    cap of QA runs; speed_tokens: tokens decoded by speed-only runs; rounds: how many times
+    the speed-only suites run all their methods on a task, one method after another each round
+    (the machine's drift over minutes touches every method alike; rates pool over the rounds,
+    and the figures give the spread of their per-round ratios); speed_lengths: lengths of
     the speed suite within the model's window, rope_lengths: beyond it (RoPE-scaled); either
     may be empty; tiny_speed: run the upward/downward suites (at `lengths`); tiny_models: run
     the QA and speed suites on the tiny random pair instead of real models (smoke tests).
@@ -103,6 +106,7 @@ class BenchSettings:
     variant_etas: tuple[float, ...] = (DEFAULT_ETA,)
     max_new_tokens: int = 48
     speed_tokens: int = 128
+    rounds: int = 1
     speed_lengths: tuple[int, ...] = CONTEXT_LENGTHS
     rope_lengths: tuple[int, ...] = (16384, 32768)
     tiny_speed: bool = True
@@ -134,7 +138,7 @@ class BenchSettings:
         for name in ("etas", "variant_etas"):
             _require(name, getattr(self, name) and min(getattr(self, name)) >= 0, "values >= 0")
         _require("variants", set(self.variants) <= set(VARIANTS), f"names from {list(VARIANTS)}")
-        for name in ("per_cell", "max_new_tokens", "speed_tokens"):
+        for name in ("per_cell", "max_new_tokens", "speed_tokens", "rounds"):
             _require(name, getattr(self, name) >= 1, "an integer >= 1")
         _require("gammas", all(1 <= g <= 64 for g in self.gammas), "integers in [1, 64]")
         _require("chunk_sizes", self.chunk_sizes and min(self.chunk_sizes) >= 1, "sizes >= 1")
@@ -257,6 +261,7 @@ class _Call:
     retrieved: _Retrieved
     turn: int = 1
     cold: bool = True  # start from an empty prefix cache
+    round: int = 1  # of a speed-only suite's rounds (`BenchSettings.rounds`)
 
 
 @dataclass
@@ -311,10 +316,13 @@ def run_bench(settings: BenchSettings) -> Path:
     )
     tiny = build_tasks(tok, ("single",), settings.lengths, 1, seed) if settings.tiny_speed else []
     runs = len(tasks) * len(settings.method_list()) + sum(map(bool, _followups(settings, tasks)))
-    runs += (len(speed) + len(rope)) * len(SPEED_METHODS) + 2 * len(tiny) * len(TINY_METHODS)
+    speed_runs = (len(speed) + len(rope)) * len(SPEED_METHODS) + 2 * len(tiny) * len(TINY_METHODS)
+    runs += settings.rounds * speed_runs
     if settings.long or settings.prefill:
         long_tasks = build_tasks(tok, ("single",), settings.lengths, 1, seed)
-        runs = len(long_tasks) * (len(long_methods(settings)) if settings.long else 1)
+        runs = len(long_tasks) * (
+            settings.rounds * len(long_methods(settings)) if settings.long else 1
+        )
     with tqdm(total=runs, unit="run", disable=not settings.progress) as session.bar:
         if settings.long:
             _long_suite(session, engine, long_tasks)
@@ -474,8 +482,10 @@ def _speed_suite(
     methods: Sequence[Method],
     share_prefill: bool = False,
 ) -> None:
-    """`methods` on `tasks`, each decoding exactly `speed_tokens` tokens; then the step costs
-    at each task's length and each record's ceiling (`bench/ceiling.py`)."""
+    """`methods` on `tasks`, each decoding exactly `speed_tokens` tokens, `rounds` times in
+    turn; then the step costs at each task's length and each record's ceiling
+    (`bench/ceiling.py`). Each round starts with no kept schedules, as a fresh engine would
+    (docs/algorithm.md section 2.11): its first adaptive call measures afresh."""
     if not tasks:
         return
     overrides = {
@@ -492,9 +502,11 @@ def _speed_suite(
         warm_up(engine, list(methods), probe)
         for task in tasks:
             retrieved = _Retrieved.build(engine, task, True)
-            for i, method in enumerate(methods):
-                cold = i == 0 or not share_prefill
-                session.run(_Call(settings, method, task, retrieved, cold=cold))
+            for round_ in range(1, session.settings.rounds + 1):
+                engine.schedules.clear()
+                for i, method in enumerate(methods):
+                    cold = i == 0 or not share_prefill
+                    session.run(_Call(settings, method, task, retrieved, cold=cold, round=round_))
             attach_ceilings(session.records, settings, task, retrieved)
             session.save()
 
@@ -609,6 +621,7 @@ def _record(call: _Call, measured: Measurement) -> dict[str, Any]:
         "task_id": task.task_id,
         "context_label": task.context_label,
         "turn": call.turn,
+        "round": call.round,
         "target_model": model_name(engine.target),
         "draft_model": model_name(engine.draft) if method.name in ("rag", "sd", "rapid") else None,
         "accuracy": exact_match(measured.answer, task.references),

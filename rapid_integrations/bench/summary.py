@@ -19,7 +19,8 @@ Record = dict[str, Any]
 def summarize(records: list[Record]) -> list[Record]:
     """One row per (suite, method, eta, context length, turn, task kind), plus task "all".
 
-    Rates are pooled (total tokens / total seconds), acceptance is accepted / drafted over the
+    Rates are pooled (total tokens / total seconds), also per round (`round_rates`, where a
+    speed-only suite ran its methods more than once), acceptance is accepted / drafted over the
     group, and speedup_vs_lc divides by the `lc` row of the same suite, length, task and turn 1.
     accuracy_stderr is the standard error of the mean accuracy over the group's tasks;
     ceiling_ratio is speedup_vs_lc over the mean `ceiling_speedup` of the group's records.
@@ -64,6 +65,7 @@ def _aggregate(key: Record, rs: list[Record]) -> Record:
         "needle_recall": field_mean("needle_recall"),
         "new_tokens": field_mean("new_tokens"),
         "decode_tokens_per_second": _pooled_rate(rs),
+        "round_rates": _round_rates(rs),
         "acceptance_rate": sum(r["accepted_tokens"] for r in rs) / drafted if drafted else None,
         "prefill_seconds": field_mean("prefill_seconds"),
         "time_to_first_token": field_mean("time_to_first_token"),
@@ -102,6 +104,15 @@ def _pooled_rate(rs: list[Record]) -> float | None:
     seconds = sum(r["decode_seconds"] for r in timed)
     tokens = sum(r["decode_tokens_per_second"] * r["decode_seconds"] for r in timed)
     return tokens / seconds if seconds else None
+
+
+def _round_rates(rs: list[Record]) -> list[float | None] | None:
+    """The pooled decode rate of each round (`BenchSettings.rounds`), in round order; None
+    when the group ran once."""
+    rounds = sorted({r.get("round", 1) for r in rs})
+    if len(rounds) < 2:
+        return None
+    return [_pooled_rate([r for r in rs if r.get("round", 1) == n]) for n in rounds]
 
 
 def _pooled_outside(rs: list[Record]) -> float | None:

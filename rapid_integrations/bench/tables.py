@@ -164,13 +164,18 @@ def _figures_table(figures: list[Record]) -> str:
         [
             f["figure"],
             _fmt(f["context_label"] and length_name(f["context_label"])),
-            _fmt(f["value"], ".3g"),
+            _fmt(f["value"], ".3g") + _spread_text(f.get("spread")),
             _fmt(f["target"]),
             _status(f),
         ]
         for f in figures
     ]
     return _table(["figure", "context", "value", "target", "status"], rows)
+
+
+def _spread_text(spread: list[float] | None) -> str:
+    """ " (lowest-highest)" of one round's ratios, or nothing after a single round."""
+    return f" ({spread[0]:.3g}-{spread[1]:.3g})" if spread else ""
 
 
 def _status(figure: Record) -> str:
