@@ -306,12 +306,13 @@ def lower_precision_copy(model: PreTrainedModel, precision: str) -> PreTrainedMo
     """A cheaper copy of `model` to draft with. Only the target's verdict decides what is
     emitted, so a less precise draft costs acceptance, never exactness.
 
-    "bfloat16" / "float16": a cast. "int8-weight": weight-only int8 (torchao,
-    per-output-channel scales) on every Linear but the output head; activations, embeddings
-    and the head keep the model's dtype. "int8": torch's dynamic quantization of every Linear
-    (CPU), which also quantizes activations to int8 with one scale per tensor: measured on
-    SmolLM2-135M, its top-1 agreement with the bf16 model is 0.44 (weight-only int8: 0.97,
-    float32: 0.98), hence the acceptance it loses (docs/performance.md).
+    "bfloat16" / "float16": a cast. "int8-weight": weight-only int8 with per-output-channel
+    scales on every Linear, the output head too (a tied head gets an int8 copy; the input
+    embeddings keep theirs); activations keep the model's dtype. "int8": torch's dynamic
+    quantization of every Linear (CPU), which also quantizes activations to int8 with one
+    scale per tensor: measured on SmolLM2-135M, its top-1 agreement with the bf16 model is
+    0.44 (weight-only int8: 0.95, 0.97 with the head kept; float32: 0.98), hence the
+    acceptance it loses (docs/performance.md).
     """
     import copy
     import warnings
@@ -338,11 +339,15 @@ def lower_precision_copy(model: PreTrainedModel, precision: str) -> PreTrainedMo
 
 
 def _int8_weight_only(model: PreTrainedModel) -> PreTrainedModel:
-    """`model` with its Linear weights but the output head's stored as int8 (torchao)."""
+    """`model` with every Linear weight (the output head's too) stored as int8: on torch's own
+    kernel where it has one (CPU, `int8_linear.py`), else as torchao's int8 tensor."""
     import logging
 
-    import torch
+    from .int8_linear import has_int8_kernel, int8_weight_only
 
+    if has_int8_kernel(model.device):
+        int8_weight_only(model)
+        return model
     # torchao logs every optional GPU kernel it cannot load; none is used on this path.
     logger = logging.getLogger("torchao")
     level = logger.level
@@ -352,16 +357,11 @@ def _int8_weight_only(model: PreTrainedModel) -> PreTrainedModel:
     except ImportError as exc:
         raise RapidConfigError(
             "draft_precision",
-            "'int8-weight' needs torchao: pip install 'rapid-integrations[quant]'",
+            "'int8-weight' needs torchao on this device: pip install 'rapid-integrations[quant]'",
         ) from exc
     finally:
         logger.setLevel(level)
-    head = model.get_output_embeddings()
-
-    def body_linear(module: torch.nn.Module, _name: str) -> bool:
-        return isinstance(module, torch.nn.Linear) and module is not head
-
-    quantize_(model, Int8WeightOnlyConfig(), filter_fn=body_linear)
+    quantize_(model, Int8WeightOnlyConfig())
     return model
 
 
