@@ -3,8 +3,10 @@
 torchao's weight-only int8 tensor casts the whole int8 weight back to the activations' dtype
 at every call and multiplies in that dtype (fast once `torch.compile` fuses the two, which a
 draft decoding one token at a time does not get): on the 2-core CPU its draft step was 1.15x
-the bf16 one. `torch._weight_int8pack_mm` reads the int8 weight directly: 0.6x
-(docs/performance.md). It has a CPU kernel only, so other devices keep torchao's tensor.
+the bf16 one. `torch._weight_int8pack_mm` reads the int8 weight directly: 0.58-0.60x for a
+one-token forward, 0.73x over a decoding run's draft forwards, which also read several tokens
+when they vet copies (docs/performance.md). It has a CPU kernel only, so other devices keep
+torchao's tensor.
 """
 
 from __future__ import annotations
@@ -15,11 +17,15 @@ INT8_MAX = 127
 
 
 def has_int8_kernel(device: torch.device) -> bool:
-    """Whether torch has its weight-only int8 matmul for `device`'s type."""
+    """Whether this torch has its weight-only int8 matmul for `device`'s type (a torch too
+    old to have the operator has none)."""
     key = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}.get(device.type)
-    return key is not None and torch._C._dispatch_has_kernel_for_dispatch_key(
-        "aten::_weight_int8pack_mm", key
-    )
+    try:
+        return key is not None and torch._C._dispatch_has_kernel_for_dispatch_key(
+            "aten::_weight_int8pack_mm", key
+        )
+    except RuntimeError:  # "operator ... does not exist"
+        return False
 
 
 class Int8WeightLinear(torch.nn.Module):

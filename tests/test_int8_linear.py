@@ -62,9 +62,15 @@ def test_swap_replaces_every_linear_in_place_and_unties_the_head():
     assert torch.equal(model.get_input_embeddings().weight, embeddings)
 
 
-def test_kernel_exists_on_cpu_only_where_torch_has_one():
+def test_kernel_exists_on_cpu_only_where_torch_has_one(monkeypatch):
     assert has_int8_kernel(torch.device("cpu"))
     assert not has_int8_kernel(torch.device("meta"))
+
+    def missing(op: str, key: str) -> bool:
+        raise RuntimeError(f"operator {op} does not exist")
+
+    monkeypatch.setattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", missing)
+    assert not has_int8_kernel(torch.device("cpu"))  # a torch without the operator
 
 
 @pytest.mark.parametrize("kernel", [True, False], ids=["torch-kernel", "torchao"])
