@@ -151,6 +151,11 @@ def test_settings_presets_and_validation():
     for field, value in bad:
         with pytest.raises(RapidConfigError, match=field):
             BenchSettings(**{field: value})
+    # Rounds repeat the speed-only suites: none runs in the eta sweep or the prefill preset.
+    assert BenchSettings.preset("long", rounds=3).rounds == 3
+    for preset in ("eta-sweep", "prefill"):
+        with pytest.raises(RapidConfigError, match="rounds"):
+            BenchSettings.preset(preset, rounds=2)
 
 
 def test_rapid_variants_join_the_qa_methods_at_their_etas():

@@ -146,6 +146,9 @@ class BenchSettings:
             check_choice("draft_precision", self.draft_precision, DRAFT_PRECISIONS)
         presets = [n for n in ("quick", "long", "eta_sweep", "prefill") if getattr(self, n)]
         _require("preset", len(presets) <= 1, f"one preset at most, got {presets}")
+        suites = self.speed_lengths or self.rope_lengths or self.tiny_speed
+        speed = self.long or (suites and not self.prefill)
+        _require("rounds", self.rounds == 1 or speed, "1 where no speed-only suite runs")
 
     @classmethod
     def preset(cls, name: str | bool = "full", **overrides: Any) -> BenchSettings:

@@ -174,7 +174,7 @@ def _figures_table(figures: list[Record]) -> str:
 
 
 def _spread_text(spread: list[float] | None) -> str:
-    """ " (lowest-highest)" of one round's ratios, or nothing after a single round."""
+    """The lowest and highest ratio of one round, as " (0.97-1.08)"; "" after one round."""
     return f" ({spread[0]:.3g}-{spread[1]:.3g})" if spread else ""
 
 
