@@ -3,7 +3,7 @@
 torchao's weight-only int8 tensor casts the whole int8 weight back to the activations' dtype
 at every call and multiplies in that dtype (fast once `torch.compile` fuses the two, which a
 draft decoding one token at a time does not get): on the 2-core CPU its draft step was 1.15x
-the bf16 one. `torch._weight_int8pack_mm` reads the int8 weight directly: 0.58-0.60x for a
+the bf16 one. `torch._weight_int8pack_mm` reads the int8 weight directly: 0.56-0.61x for a
 one-token forward, 0.73x over a decoding run's draft forwards, which also read several tokens
 when they vet copies (docs/performance.md). It has a CPU kernel only, so other devices keep
 torchao's tensor.
