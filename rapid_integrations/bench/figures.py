@@ -58,9 +58,10 @@ def speed_figures(
     for row in rows:
         if row["label"] == f"rapid eta={eta:g}" and row["task"] == TASK_ALL:
             same = [r for r in rows if lc_key(r) == lc_key(row)]
-            figures += _rapid_figures(row, same, meta)
+            lc = next((r for r in same if r["method"] == "lc"), None)
+            figures += _rapid_figures(row, same, lc, meta)
             if row["suite"] != "qa":
-                figures += _drafting_figures(row, same)
+                figures += _drafting_figures(row, same, lc)
     return figures
 
 
@@ -70,7 +71,7 @@ scratch, and the engine's next call at the same length, which starts from it
 (docs/algorithm.md section 2.11)."""
 
 
-def _drafting_figures(row: Record, same: list[Record]) -> list[Record]:
+def _drafting_figures(row: Record, same: list[Record], lc: Record | None) -> list[Record]:
     """Issue 14 at one length of a speed suite: rapid against its ceiling; the adaptive
     variant against the best fixed gamma and against lc; rapid against rapid without the
     lookup proposer."""
@@ -79,7 +80,6 @@ def _drafting_figures(row: Record, same: list[Record]) -> list[Record]:
     fixed = [r for r in rapid if "adaptive" not in r["label"] and "no-lookup" not in r["label"]]
     by_label = {r["label"].removeprefix(row["label"]).strip(): r for r in rapid}
     best_fixed = max(fixed, key=lambda r: r["decode_tokens_per_second"] or 0, default=None)
-    lc = next((r for r in same if r["method"] == "lc"), None)
     unaided = by_label.get("no-lookup")
     figures = [
         _figure(
@@ -166,10 +166,12 @@ def _followup_figures(records: list[Record]) -> list[Record]:
     return figures
 
 
-def _rapid_figures(row: Record, same: list[Record], meta: dict[str, Any]) -> list[Record]:
-    """Figures of rapid at one suite and length; `same`: the other methods' rows there."""
+def _rapid_figures(
+    row: Record, same: list[Record], lc: Record | None, meta: dict[str, Any]
+) -> list[Record]:
+    """Figures of rapid at one suite and length; `same`: the other methods' rows there, `lc`
+    the one it is compared against."""
     suite, length = row["suite"], row["context_label"]
-    lc = next((r for r in same if r["method"] == "lc"), None)
     name = f"decode speedup of rapid over lc ({suite})"
     speedup = _rate_figure(name, row, lc, SPEEDUP_TARGETS[suite].get(length))
     acceptance = _figure(
