@@ -159,7 +159,9 @@ class RapidParams(BaseModel):
     """Weight dtype when loading: "float32", "bfloat16", ... (default: per device)."""
 
     draft_precision: str | None = None
-    """Draft with a cheaper copy: "bfloat16", "float16" or "int8"; outputs stay exact."""
+    """Draft with a cheaper copy: "bfloat16", "float16", "int8-weight", "int4-weight" (CPU) or
+    "int8"; outputs stay exact. Unset ("auto"): an int4 copy of a bf16 self-draft on a CPU,
+    else the draft as loaded ("none")."""
 
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the target's `from_pretrained`: device_map (incl. "auto"),

@@ -222,7 +222,7 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--draft-precision",
         choices=DRAFT_PRECISIONS,
-        help="draft with a cheaper copy of the draft (int8-weight: weight-only int8)",
+        help="draft with a cheaper copy of the draft (int8-weight / int4-weight: weight-only)",
     )
     p.add_argument("--max-new-tokens", type=int, help="answer cap of QA runs")
     p.add_argument("--speed-tokens", type=int, help="tokens decoded by speed-only runs")

@@ -19,13 +19,15 @@ TailGuard = Literal["paper", "draft", "none"]
 Truncation = Literal["error", "head_tail"]
 RetrievalFallback = Literal["builtin", "lc", "raise"]
 DtypeName = Literal["auto", "bfloat16", "float16", "float32"]
-DraftPrecision = Literal["bfloat16", "float16", "int8", "int8-weight"]
+DraftCopy = Literal["bfloat16", "float16", "int8", "int8-weight", "int4-weight"]
+DraftPrecision = Literal["auto", "none", DraftCopy]
 MODES: tuple[str, ...] = get_args(Mode)
 RESIDUALS: tuple[str, ...] = get_args(Residual)
 TAIL_GUARDS: tuple[str, ...] = get_args(TailGuard)
 TRUNCATIONS: tuple[str, ...] = get_args(Truncation)
 RETRIEVAL_FALLBACKS: tuple[str, ...] = get_args(RetrievalFallback)
 DTYPES: tuple[str, ...] = get_args(DtypeName)
+DRAFT_COPIES: tuple[str, ...] = get_args(DraftCopy)
 DRAFT_PRECISIONS: tuple[str, ...] = get_args(DraftPrecision)
 
 

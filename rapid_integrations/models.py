@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import DRAFT_PRECISIONS, DTYPES, check_choice, one_of
+from .config import DRAFT_COPIES, DTYPES, check_choice, one_of
 from .errors import ModelNotFoundError, RapidConfigError
 
 if TYPE_CHECKING:
@@ -302,16 +302,34 @@ def load_tokenizer(
         raise ModelNotFoundError(f"could not load the {name} {str(spec)!r}: {exc}") from exc
 
 
+def draft_precision_for(draft: PreTrainedModel, precision: str, self_draft: bool) -> str:
+    """The copy to draft with (one of `config.DRAFT_COPIES`), or "none" (the draft as
+    loaded). "auto": "int4-weight" where it was measured to pay (docs/performance.md,
+    "int4"): self-speculation of a bf16 model on a CPU whose torch has the int4 kernel, not
+    device-mapped or quantized; "none" elsewhere (a separate draft model, float32, a GPU)."""
+    import torch
+
+    from .weight_only import INT4_KERNEL, has_kernel
+
+    if precision != "auto":
+        return precision
+    measured = self_draft and draft.dtype == torch.bfloat16 and not places_itself(draft)
+    return "int4-weight" if measured and has_kernel(INT4_KERNEL, draft.device) else "none"
+
+
 def lower_precision_copy(model: PreTrainedModel, precision: str) -> PreTrainedModel:
     """A cheaper copy of `model` to draft with. Only the target's verdict decides what is
     emitted, so a less precise draft costs acceptance, never exactness.
 
     "bfloat16" / "float16": a cast. "int8-weight": weight-only int8 with per-output-channel
-    scales on every Linear, the output head too (a tied head gets an int8 copy; the input
-    embeddings keep theirs); activations keep the model's dtype. "int8": torch's dynamic
-    quantization of every Linear (CPU), which also quantizes activations to int8 with one
-    scale per tensor: measured on SmolLM2-135M, its top-1 agreement with the bf16 model is
-    0.44 (weight-only int8: 0.95, 0.97 with the head kept; float32: 0.98), hence the
+    scales on every Linear, the output head too (a tied head gets an int8 copy). "int4-weight":
+    weight-only int4 with a scale and offset per 32 input channels on every Linear but the
+    output head (CPU only). Both keep activations in the model's dtype, and on torch's CPU
+    kernels (`weight_only.py`) the copy shares every weight it does not quantize with `model`
+    (the input embeddings, norms, a kept head). "int8": torch's dynamic quantization of every
+    Linear (CPU), which also quantizes activations to int8 with one scale per tensor: measured
+    on SmolLM2-135M, its top-1 agreement with the bf16 model is 0.44 (weight-only int8: 0.95,
+    0.97 with the head kept; int4 groups of 32, head kept: 0.98; float32: 0.98), hence the
     acceptance it loses (docs/performance.md).
     """
     import copy
@@ -319,16 +337,16 @@ def lower_precision_copy(model: PreTrainedModel, precision: str) -> PreTrainedMo
 
     import torch
 
-    check_choice("draft_precision", precision, DRAFT_PRECISIONS)
+    check_choice("draft_precision", precision, DRAFT_COPIES)
     if places_itself(model):
         raise RapidConfigError(
             "draft_precision",
             "a quantized or device-mapped model cannot be copied into another precision; load "
             "the draft with its own quantization_config or dtype in draft_model_kwargs",
         )
+    if precision in ("int8-weight", "int4-weight"):
+        return _weight_only(model, precision).eval()
     clone = copy.deepcopy(model)
-    if precision == "int8-weight":
-        return _int8_weight_only(clone).eval()
     if precision != "int8":
         return clone.to(resolve_dtype(precision, model.device)).eval()
     from torch.ao.quantization import quantize_dynamic
@@ -338,16 +356,42 @@ def lower_precision_copy(model: PreTrainedModel, precision: str) -> PreTrainedMo
         return quantize_dynamic(clone.float(), {torch.nn.Linear}, dtype=torch.qint8).eval()
 
 
-def _int8_weight_only(model: PreTrainedModel) -> PreTrainedModel:
-    """`model` with every Linear weight (the output head's too) stored as int8: on torch's own
-    kernel where it has one (CPU, `int8_linear.py`), else as torchao's int8 tensor."""
+def _weight_only(model: PreTrainedModel, precision: str) -> PreTrainedModel:
+    """A copy of `model` with weight-only int8 (every Linear) or int4 (every Linear but the
+    output head) weights: on torch's own kernel where it has one (`weight_only.py`), sharing
+    the weights it leaves as they are; else int8 as torchao's tensor, and int4 not at all."""
+    import copy
+
+    from .weight_only import (
+        INT4_KERNEL,
+        INT8_KERNEL,
+        has_kernel,
+        int4_weight_only,
+        int8_weight_only,
+    )
+
+    int4 = precision == "int4-weight"
+    if has_kernel(INT4_KERNEL if int4 else INT8_KERNEL, model.device):
+        # The swap replaces Linear modules and never writes a weight: what it leaves is shared.
+        clone = copy.deepcopy(model, memo={id(p): p for p in model.parameters()})
+        if int4:
+            int4_weight_only(clone, clone.get_output_embeddings())
+        else:
+            int8_weight_only(clone)
+        return clone
+    if int4:
+        raise RapidConfigError(
+            "draft_precision",
+            f"'int4-weight' runs on the CPU only (this draft is on {model.device.type}); "
+            "load the draft quantized instead, with a quantization_config in draft_model_kwargs",
+        )
+    return _torchao_int8(copy.deepcopy(model))
+
+
+def _torchao_int8(model: PreTrainedModel) -> PreTrainedModel:
+    """`model` with every Linear weight stored as torchao's weight-only int8 tensor."""
     import logging
 
-    from .int8_linear import has_int8_kernel, int8_weight_only
-
-    if has_int8_kernel(model.device):
-        int8_weight_only(model)
-        return model
     # torchao logs every optional GPU kernel it cannot load; none is used on this path.
     logger = logging.getLogger("torchao")
     level = logger.level

@@ -1,0 +1,194 @@
+"""`draft_precision="int8-weight"` / `"int4-weight"` on torch's CPU kernels (`weight_only.py`)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from rapid_integrations import RapidConfig, RapidEngine
+from rapid_integrations.errors import RapidConfigError
+from rapid_integrations.weight_only import (
+    INT4_KERNEL,
+    INT8_KERNEL,
+    Int4WeightLinear,
+    Int8WeightLinear,
+    has_kernel,
+    int4_weight_only,
+    int8_weight_only,
+)
+from tests.test_engine_exact import random_prompts
+from tests.tiny import reference_greedy, tiny_llama
+
+
+def _linear(rows: int, cols: int, dtype: torch.dtype, bias: bool = True) -> torch.nn.Linear:
+    torch.manual_seed(rows + cols)
+    linear = torch.nn.Linear(cols, rows, bias=bias).to(dtype)
+    with torch.no_grad():
+        linear.weight[3] = 0.0  # an all-zero row: its scale must not divide by zero
+        linear.weight[5, 7] = 4.0  # an outlier sets its row's scale
+    return linear
+
+
+def test_weights_round_to_the_nearest_step_of_their_rows_scale():
+    linear = _linear(64, 96, torch.float32)
+    q = Int8WeightLinear(linear)
+    w = linear.weight.detach().double()
+    step = w.abs().amax(dim=1) / 127  # computed here, not read from the module
+    assert q.weight.dtype == torch.int8 and q.weight.abs().max() <= 127
+    assert torch.allclose(q.scale.double(), step, rtol=1e-6)
+    error = (q.weight.double() * step[:, None] - w).abs()
+    assert (error <= step[:, None] / 2 + 1e-7).all()
+    assert q.weight[5, 7] == 127 and (q.weight[3] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_forward_is_x_times_the_dequantized_weight(dtype, bias):
+    """The kernel's product equals x (scale * weight)^T + b computed in float64, to the
+    activations' precision, for a [batch, tokens, features] input."""
+    linear = _linear(48, 64, dtype, bias)
+    q = Int8WeightLinear(linear)
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
+    y = q(x)
+    w = q.weight.double() * q.scale.double()[:, None]
+    expected = x.double() @ w.T + (linear.bias.double() if bias else 0)
+    assert y.shape == (2, 5, 48) and y.dtype == dtype
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    assert torch.allclose(y.double(), expected, atol=tolerance, rtol=tolerance)
+    assert not torch.isnan(y).any()
+
+
+def test_swap_replaces_every_linear_in_place_and_unties_the_head():
+    """The head gets its own int8 copy; the input embeddings keep the shared weight."""
+    model = tiny_llama(300, seed=3, dtype=torch.float32)
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's are
+    embeddings = model.get_input_embeddings().weight.detach().clone()
+    linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+    int8_weight_only(model)
+    assert sum(isinstance(m, Int8WeightLinear) for m in model.modules()) == linears
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert isinstance(model.get_output_embeddings(), Int8WeightLinear)
+    assert torch.equal(model.get_input_embeddings().weight, embeddings)
+
+
+@pytest.mark.parametrize("op", [INT8_KERNEL, INT4_KERNEL])
+def test_kernel_exists_on_cpu_only_where_torch_has_one(monkeypatch, op):
+    assert has_kernel(op, torch.device("cpu"))
+    assert not has_kernel(op, torch.device("meta"))
+
+    def missing(op: str, key: str) -> bool:
+        raise RuntimeError(f"operator {op} does not exist")
+
+    monkeypatch.setattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", missing)
+    assert not has_kernel(op, torch.device("cpu"))  # a torch without the operator
+
+
+@pytest.mark.parametrize(
+    ("precision", "module", "kernel", "kept"),
+    [
+        ("int8-weight", Int8WeightLinear, True, 0.8),
+        ("int8-weight", Int8WeightLinear, False, 0.8),
+        # One group a row at this width, on random weights: 0.26 measured (1 of 320 if the
+        # scales and offsets are swapped).
+        ("int4-weight", Int4WeightLinear, True, 0.2),
+    ],
+    ids=["int8-torch-kernel", "int8-torchao", "int4-torch-kernel"],
+)
+def test_weight_only_draft_keeps_the_targets_greedy_tokens(
+    tok, monkeypatch, precision, module, kernel, kept
+):
+    """On the CPU a weight-only draft runs on torch's kernel; int8 without one (as on CUDA)
+    on torchao's tensor. Either way only the target's verdict decides the output, and the
+    draft still agrees with it often enough to be accepted."""
+    if not kernel:
+        monkeypatch.setattr("rapid_integrations.weight_only.has_kernel", lambda op, d: False)
+    t = tiny_llama(len(tok), seed=31, dtype=torch.float32, scale=0.5)
+    cfg = RapidConfig(eta=0.0, max_new_tokens=16, ignore_eos=True, gamma=4)
+    engine = RapidEngine(t, tokenizer=tok, config=cfg, draft_precision=precision)
+    uses_kernel = any(isinstance(m, module) for m in engine.draft.modules())
+    assert uses_kernel is kernel
+    accepted = drafted = 0
+    for prompt, _ in random_prompts(6, seed=31):
+        out = engine.generate(prompt, prompt)
+        assert out.token_ids == reference_greedy(t, tok.encode(prompt), 16, len(tok))
+        accepted, drafted = accepted + out.stats.accepted_tokens, drafted + out.stats.drafted_tokens
+    assert accepted > kept * drafted
+
+
+def _int4_grid(weight: torch.Tensor) -> torch.Tensor:
+    """weight [rows, cols] rounded, in float64, to the nearest of 16 evenly spaced values
+    from each 32-column group's lowest weight to its highest."""
+    rows, cols = weight.shape
+    groups = weight.double().reshape(rows, cols // 32, 32)
+    low, high = groups.amin(2, keepdim=True), groups.amax(2, keepdim=True)
+    step = (high - low) / 15
+    codes = torch.where(step > 0, torch.round((groups - low) / step), 0.0)
+    return (low + codes * step).reshape(rows, cols)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_int4_forward_is_x_times_the_groupwise_rounded_weight(dtype, bias):
+    """Each weight rounds to the 16-value grid of its own group of 32 inputs (computed here),
+    so an outlier coarsens only its group: x W^T + b against float64, in fp32 and bf16, for
+    a [batch, tokens, features] input; an all-zero row stays 0 (no NaN)."""
+    linear = _linear(48, 96, dtype, bias)
+    q = Int4WeightLinear(linear)
+    x = torch.randn(2, 5, 96, generator=torch.Generator().manual_seed(2)).to(dtype)
+    y = q(x)
+    expected = x.double() @ _int4_grid(linear.weight.detach()).T
+    expected = expected + (linear.bias.double() if bias else 0)
+    assert y.shape == (2, 5, 48) and y.dtype == dtype and not torch.isnan(y).any()
+    tolerance = 1e-4 if dtype == torch.float32 else 6e-2
+    assert torch.allclose(y.double(), expected, atol=tolerance, rtol=tolerance)
+    # Read the stored weight back through the kernel: row 5's other groups keep fine steps.
+    full = copy.deepcopy(linear).float()
+    stored = (Int4WeightLinear(full)(torch.eye(96)) - (full.bias if bias else 0)).T.detach()
+    assert torch.allclose(stored.double(), _int4_grid(linear.weight.detach().float()), atol=1e-5)
+    assert (stored[3] == 0).all()
+
+
+def test_int4_swap_keeps_the_head_and_the_shapes_the_kernel_does_not_take():
+    model = tiny_llama(300, seed=3, dtype=torch.float32)
+    head = model.get_output_embeddings()
+    body = sum(type(m) is torch.nn.Linear for m in model.modules()) - 1
+    int4_weight_only(model, head)
+    assert sum(isinstance(m, Int4WeightLinear) for m in model.modules()) == body
+    assert model.get_output_embeddings() is head and type(head) is torch.nn.Linear
+    odd = torch.nn.Sequential(
+        torch.nn.Linear(32, 16), torch.nn.Linear(16, 32), torch.nn.Linear(64, 24)
+    )
+    int4_weight_only(odd, None)
+    assert [type(m).__name__ for m in odd] == ["Int4WeightLinear", "Linear", "Linear"]
+
+
+def test_int4_weight_without_the_kernel_is_refused_with_what_to_do(tok, monkeypatch):
+    monkeypatch.setattr("rapid_integrations.weight_only.has_kernel", lambda op, d: False)
+    t = tiny_llama(len(tok), seed=31, dtype=torch.float32)
+    with pytest.raises(RapidConfigError, match=r"CPU only.*quantization_config"):
+        RapidEngine(t, tokenizer=tok, draft_precision="int4-weight")
+
+
+def test_auto_drafts_in_int4_for_a_bf16_self_draft_on_the_cpu_sharing_what_it_keeps(tok):
+    """The default: an int4 copy that shares the target's embeddings and head (no second
+    copy of them in memory) and leaves the target's own Linears as they were."""
+    t = tiny_llama(len(tok), seed=31, dtype=torch.bfloat16, scale=0.5)
+    for precision in ("auto", None):
+        engine = RapidEngine(t, tokenizer=tok, draft_precision=precision)
+        assert any(isinstance(m, Int4WeightLinear) for m in engine.draft.modules())
+        assert not any(isinstance(m, Int4WeightLinear) for m in t.modules())
+        for weights in ("get_input_embeddings", "get_output_embeddings"):
+            assert getattr(engine.draft, weights)().weight is getattr(t, weights)().weight
+
+
+def test_auto_keeps_the_draft_as_loaded_where_int4_was_not_measured(tok, monkeypatch):
+    fp32 = tiny_llama(len(tok), seed=31, dtype=torch.float32)
+    bf16 = tiny_llama(len(tok), seed=31, dtype=torch.bfloat16)
+    other = tiny_llama(len(tok), seed=32, dtype=torch.bfloat16)
+    assert RapidEngine(fp32, tokenizer=tok).draft is fp32
+    assert RapidEngine(bf16, other, tokenizer=tok).draft is other  # a separate draft
+    assert RapidEngine(bf16, tokenizer=tok, draft_precision="none").draft is bf16
+    monkeypatch.setattr("rapid_integrations.weight_only.has_kernel", lambda op, d: False)
+    assert RapidEngine(bf16, tokenizer=tok).draft is bf16  # no int4 kernel: no error either
