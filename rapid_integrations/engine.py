@@ -195,9 +195,12 @@ class RapidEngine:
             self.draft, draft_tok = self.target, None
         else:
             self.draft, draft_tok = load_model(draft, draft_options)
-        precision = draft_precision_for(self.draft, draft_precision or "auto", self_draft)
-        if precision != "none":
-            self.draft = lower_precision_copy(self.draft, precision)
+        # The copy the draft runs as ("none": as loaded), what "auto" chose included.
+        self.draft_precision = draft_precision_for(
+            self.draft, draft_precision or "auto", self_draft
+        )
+        if self.draft_precision != "none":
+            self.draft = lower_precision_copy(self.draft, self.draft_precision)
         check_cache_layout(self.target, "target")
         check_cache_layout(self.draft, "draft")
         for model in {id(m): m for m in (self.target, self.draft)}.values():

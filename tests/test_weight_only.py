@@ -177,6 +177,7 @@ def test_auto_drafts_in_int4_for_a_bf16_self_draft_on_the_cpu_sharing_what_it_ke
     t = tiny_llama(len(tok), seed=31, dtype=torch.bfloat16, scale=0.5)
     for precision in ("auto", None):
         engine = RapidEngine(t, tokenizer=tok, draft_precision=precision)
+        assert engine.draft_precision == "int4-weight"
         assert any(isinstance(m, Int4WeightLinear) for m in engine.draft.modules())
         assert not any(isinstance(m, Int4WeightLinear) for m in t.modules())
         for weights in ("get_input_embeddings", "get_output_embeddings"):
@@ -187,7 +188,8 @@ def test_auto_keeps_the_draft_as_loaded_where_int4_was_not_measured(tok, monkeyp
     fp32 = tiny_llama(len(tok), seed=31, dtype=torch.float32)
     bf16 = tiny_llama(len(tok), seed=31, dtype=torch.bfloat16)
     other = tiny_llama(len(tok), seed=32, dtype=torch.bfloat16)
-    assert RapidEngine(fp32, tokenizer=tok).draft is fp32
+    engine = RapidEngine(fp32, tokenizer=tok)
+    assert engine.draft is fp32 and engine.draft_precision == "none"
     assert RapidEngine(bf16, other, tokenizer=tok).draft is other  # a separate draft
     assert RapidEngine(bf16, tokenizer=tok, draft_precision="none").draft is bf16
     monkeypatch.setattr("rapid_integrations.weight_only.has_kernel", lambda op, d: False)

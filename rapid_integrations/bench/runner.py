@@ -305,6 +305,7 @@ def run_bench(settings: BenchSettings) -> Path:
         "machine": machine_info(device),
         "dtype": str(dtype).removeprefix("torch."),
         "dtype_probe_seconds": probe_seconds,
+        "draft_precision": engine.draft_precision,
         "memory_model": memory_model(engine.target, dtype),
         "default_eta": DEFAULT_ETA,
     }
