@@ -142,7 +142,8 @@ class RapidEngine:
     target, under self-speculation); outputs stay exact, acceptance may drop (int8 loses
     most). "none" drafts with the draft as loaded. "auto" (the default; None means it too) is
     "int4-weight" for self-speculation of a bf16 model on a CPU, where it was measured (a draft
-    forward 0.54-0.62x bf16's, the same tokens accepted), and "none" elsewhere.
+    forward 0.54-0.62x bf16's, the same tokens accepted), and "none" elsewhere;
+    `engine.draft_precision` says which was chosen.
     Models that use SDPA are switched to `attention.rapid_attention`, the same math without
     copying the grouped-query KV cache on verify passes.
     Every argument is checked before any weights load: bad values raise `RapidConfigError`.
