@@ -305,8 +305,9 @@ def load_tokenizer(
 def draft_precision_for(draft: PreTrainedModel, precision: str, self_draft: bool) -> str:
     """The copy to draft with (one of `config.DRAFT_COPIES`), or "none" (the draft as
     loaded). "auto": "int4-weight" where it was measured to pay (docs/performance.md, "int4
-    groups of 32: the default draft on the CPU"): self-speculation of a bf16 model on a CPU whose torch has the int4 kernel, not
-    device-mapped or quantized; "none" elsewhere (a separate draft model, float32, a GPU)."""
+    groups of 32: the default draft on the CPU"): self-speculation of a bf16 model on a CPU
+    whose torch has the int4 kernel, not device-mapped or quantized; "none" elsewhere (a
+    separate draft model, float32, a GPU)."""
     import torch
 
     from .weight_only import INT4_KERNEL, has_kernel

@@ -13,9 +13,9 @@ torchao's tensor.
 each group with its own scale and offset. On SmolLM2-135M that is both cheaper and closer to
 bf16 than per-channel int8 (one-token forward 0.45x against 0.63x; top-1 agreement over the
 1,854-token bench prompt 0.982 against 0.966, the head kept in both): a row's int8 scale is
-set by its largest weight, a group's only by its own 32. The output head stays in the model's dtype: it is the
-tied input embedding, and in int4 it cut agreement to 0.88. torchao 0.18 has no CPU int4
-path, so int4 runs where torch has this kernel only.
+set by its largest weight, a group's only by its own 32. The output head stays in the
+model's dtype: it is the tied input embedding, and in int4 it cut agreement to 0.88. torchao
+0.18 has no CPU int4 path, so int4 runs where torch has this kernel only.
 """
 
 from __future__ import annotations
