@@ -314,6 +314,79 @@ def test_rate_figures_pool_rounds_and_give_the_spread_of_their_ratios():
     )
 
 
+def test_schedule_figures_say_when_the_rows_wrote_other_texts():
+    """A schedule figure compares two rows' texts as well as their schedules where the rows
+    decoded different texts (bf16 rounding, or the draft's q at eta > 0, forks them): the
+    figure says so. Adaptive wrote gamma 16's text in round 1 only, the next call in both
+    rounds, and the no-lookup row another text."""
+    answers = {  # text in rounds 1 and 2
+        "rapid eta=5": ("a", "a"),
+        "rapid eta=5 gamma=16": ("b", "b"),
+        "rapid eta=5 adaptive": ("b", "c"),
+        "rapid eta=5 adaptive-again": ("b", "b"),
+        "rapid eta=5 no-lookup": ("d", "d"),
+    }
+    records = [
+        _summary_record("lc", None, 12, 1.0, suite="long", label="lc", round=n, answer="a")
+        for n in (1, 2)
+    ]
+    rates = {"rapid eta=5 gamma=16": 16.0, "rapid eta=5 adaptive-again": 17.0}
+    records += [
+        _summary_record(
+            "rapid",
+            5.0,
+            12,
+            12 / rates.get(label, 12.0),
+            drafted=10,
+            accepted=8,
+            suite="long",
+            label=label,
+            round=n,
+            answer=text,
+        )
+        for label, texts in answers.items()
+        for n, text in enumerate(texts, 1)
+    ]
+    summary = summarize(records)
+    figures = {f["figure"]: f for f in speed_figures(records, summary, {"default_eta": 5.0})}
+    assert figures["adaptive drafting / best fixed gamma"]["same_text"] is False
+    assert figures["adaptive, next call / best fixed gamma"]["same_text"] is True
+    assert figures["rapid / rapid without the lookup"]["same_text"] is False
+    assert "same_text" not in figures["adaptive drafting / lc"]
+    table = markdown({}, summary, list(figures.values()), [])
+    differ = "| 0.75 (0.75-0.75) | >= 1 | not met, texts differ |"
+    assert f"| adaptive drafting / best fixed gamma | 2K {differ}" in table
+    assert (
+        "| adaptive, next call / best fixed gamma | 2K | 1.06 (1.06-1.06) | >= 1 | met |" in table
+    )
+
+
+def test_long_preset_at_two_etas_gives_each_its_rows_and_figures():
+    """`--long --etas 0,5`: every rapid row at each eta (eta 0: every schedule writes the
+    target's greedy text), and each eta's figures; those at eta 0, not the default, are named
+    with it."""
+    labels = [m.label for m in long_methods(BenchSettings.preset("long", etas=(0.0, 5.0)))]
+    for eta in ("0", "5"):
+        assert f"rapid eta={eta} gamma=16" in labels and f"rapid eta={eta} adaptive" in labels
+    assert labels.count("lc") == 1 and labels[0] == "lc"
+    records = [
+        _summary_record(*method, 12, 1.0, drafted=10, accepted=8, suite="long", label=label)
+        for label, method in (
+            ("lc", ("lc", None)),
+            ("rapid eta=0", ("rapid", 0.0)),
+            ("rapid eta=0 adaptive", ("rapid", 0.0)),
+            ("rapid eta=5", ("rapid", 5.0)),
+        )
+    ]
+    figures = {f["figure"] for f in speed_figures(records, summarize(records), {"default_eta": 5})}
+    assert {
+        "adaptive drafting / best fixed gamma at eta=0",
+        "decode speedup of rapid over lc (long) at eta=0",
+        "decode speedup of rapid over lc (long)",
+    } <= figures
+    assert "adaptive drafting / best fixed gamma" not in figures
+
+
 # ---- a whole run on tiny random models ------------------------------------------------------
 
 

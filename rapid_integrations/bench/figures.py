@@ -56,13 +56,26 @@ def speed_figures(
     figures = _accuracy_figures([r for r in rows if r["suite"] == "qa"], eta)
     figures += _followup_figures(records)
     for row in rows:
-        if row["label"] == f"rapid eta={eta:g}" and row["task"] == TASK_ALL:
+        if _headline(row, eta):
             same = [r for r in rows if lc_key(r) == lc_key(row)]
             lc = next((r for r in same if r["method"] == "lc"), None)
-            figures += _rapid_figures(row, same, lc, meta)
+            ones = _rapid_figures(row, same, lc, meta)
             if row["suite"] != "qa":
-                figures += _drafting_figures(row, same, lc)
+                ones += _drafting_figures(row, same, lc)
+            for figure in ones if row["eta"] != eta else ():
+                figure["figure"] += f" at eta={row['eta']:g}"
+            figures += ones
     return figures
+
+
+def _headline(row: Record, eta: float) -> bool:
+    """Whether `row` is rapid at fixed gamma, over all tasks, at the default `eta` (the long
+    suite: at each eta it ran, each with its own figures, named with the eta)."""
+    if row["method"] != "rapid" or row["task"] != TASK_ALL:
+        return False
+    return row["label"] == f"rapid eta={row['eta']:g}" and (
+        row["eta"] == eta or row["suite"] == "long"
+    )
 
 
 ADAPTIVE_ROWS = (("adaptive", "adaptive drafting"), ("adaptive-again", "adaptive, next call"))
@@ -92,12 +105,23 @@ def _drafting_figures(row: Record, same: list[Record], lc: Record | None) -> lis
     for label, name in ADAPTIVE_ROWS:
         if adaptive := by_label.get(label):
             figures += [
-                _rate_figure(f"{name} / best fixed gamma", adaptive, best_fixed, _Target(1)),
+                _schedule_figure(f"{name} / best fixed gamma", adaptive, best_fixed),
                 _rate_figure(f"{name} / lc", adaptive, lc, _Target(0.95)),
             ]
     if unaided:
-        figures.append(_rate_figure("rapid / rapid without the lookup", row, unaided, _Target(1)))
+        figures.append(_schedule_figure("rapid / rapid without the lookup", row, unaided))
     return figures
+
+
+def _schedule_figure(name: str, row: Record, base: Record | None) -> Record:
+    """`_rate_figure` of two ways to draft, at least 1 to be met, and `same_text`: whether
+    the two rows decoded the same text in every round (None: unknown). Greedy texts agree
+    only up to bf16 rounding between verify widths and, at eta > 0, the draft's q: rows that
+    wrote other texts compare texts as well as schedules."""
+    figure = _rate_figure(name, row, base, _Target(1))
+    ours, theirs = row.get("texts"), base and base.get("texts")
+    figure["same_text"] = None if ours is None or theirs is None else ours == theirs
+    return figure
 
 
 def _rate_figure(name: str, row: Record, base: Record | None, target: _Target | None) -> Record:

@@ -194,9 +194,15 @@ QUICK: dict[str, Any] = {
 }
 """The `--quick` preset: one task per (kind, length), three eta values, the speed suite at 8K
 only. A 16K RoPE-scaled run adds about 3 minutes on 2 cores (`--rope-lengths 16384`)."""
-LONG: dict[str, Any] = {"long": True, "lengths": (16384, 32768), "gammas": (4, 16)}
+LONG: dict[str, Any] = {
+    "long": True,
+    "lengths": (16384, 32768),
+    "gammas": (4, 16),
+    "etas": (DEFAULT_ETA,),
+}
 """The `--long` preset: the `long` suite at 16K and 32K (YaRN-scaled past the window); 64K is
-opt-in (`--lengths 16384,32768,65536`)."""
+opt-in (`--lengths 16384,32768,65536`). `--etas 0` compares the schedules text for text: at
+eta 0 every schedule writes the target's own greedy text, up to bf16 rounding."""
 ETA_SWEEP: dict[str, Any] = {
     "eta_sweep": True,
     "methods": ("lc", "rag", "rapid"),
@@ -225,19 +231,19 @@ after `lc` (SmolLM2 bf16: 1.5 GB)."""
 
 
 def long_methods(settings: BenchSettings) -> list[Method]:
-    """Those of lc, sd, rapid (fixed gamma; at each of `gammas`; adaptive; without the lookup
-    proposer) and transformers prompt lookup that `settings.methods` names (a 64K run may
-    skip the slow ones). The first prefills, the others reuse it: lc first."""
-    eta = DEFAULT_ETA
-    fixed = [Method("rapid", eta, f"gamma={g}", (("gamma", g),)) for g in settings.gammas]
-    every = [
-        Method("lc"),
-        Method("sd"),
-        Method("rapid", eta),
-        *fixed,
-        *(Method("rapid", eta, name, VARIANTS[name]) for name in LONG_VARIANTS),
-        Method("hf-pld"),
+    """Those of lc, sd, rapid at each of `etas` (fixed gamma; at each of `gammas`; adaptive;
+    without the lookup proposer) and transformers prompt lookup that `settings.methods` names
+    (a 64K run may skip the slow ones). The first prefills, the others reuse it: lc first."""
+    rapid = [
+        method
+        for eta in settings.etas
+        for method in (
+            Method("rapid", eta),
+            *(Method("rapid", eta, f"gamma={g}", (("gamma", g),)) for g in settings.gammas),
+            *(Method("rapid", eta, name, VARIANTS[name]) for name in LONG_VARIANTS),
+        )
     ]
+    every = [Method("lc"), Method("sd"), *rapid, Method("hf-pld")]
     return [method for method in every if method.name in settings.methods]
 
 

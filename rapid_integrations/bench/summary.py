@@ -5,6 +5,7 @@ Rows are keyed by (suite, method, eta, context length, turn, task kind), plus ta
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable
 from statistics import fmean, stdev
@@ -66,6 +67,7 @@ def _aggregate(key: Record, rs: list[Record]) -> Record:
         "new_tokens": field_mean("new_tokens"),
         "decode_tokens_per_second": _pooled_rate(rs),
         "round_rates": _round_rates(rs),
+        "texts": _texts(rs),
         "acceptance_rate": sum(r["accepted_tokens"] for r in rs) / drafted if drafted else None,
         "prefill_seconds": field_mean("prefill_seconds"),
         "time_to_first_token": field_mean("time_to_first_token"),
@@ -113,6 +115,15 @@ def _round_rates(rs: list[Record]) -> list[float | None] | None:
     if len(rounds) < 2:
         return None
     return [_pooled_rate([r for r in rs if r.get("round", 1) == n]) for n in rounds]
+
+
+def _texts(rs: list[Record]) -> list[str] | None:
+    """The distinct texts the group decoded, each as the first 12 hex digits of its SHA-256
+    (sorted; None where a record has no text): rows with equal lists wrote the same texts."""
+    answers = [r.get("answer") for r in rs]
+    if any(a is None for a in answers):
+        return None
+    return sorted({hashlib.sha256(a.encode()).hexdigest()[:12] for a in answers})
 
 
 def _pooled_outside(rs: list[Record]) -> float | None:

@@ -184,4 +184,5 @@ def _status(figure: Record) -> str:
         return "not measured"
     if figure["met"] is None:
         return "–"
-    return "met" if figure["met"] else "not met"
+    status = "met" if figure["met"] else "not met"
+    return status + (", texts differ" if figure.get("same_text") is False else "")
