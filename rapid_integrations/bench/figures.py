@@ -62,8 +62,9 @@ def speed_figures(
             ones = _rapid_figures(row, same, lc, meta)
             if row["suite"] != "qa":
                 ones += _drafting_figures(row, same, lc)
-            for figure in ones if row["eta"] != eta else ():
-                figure["figure"] += f" at eta={row['eta']:g}"
+            if row["eta"] != eta:
+                for figure in ones:
+                    figure["figure"] += f" at eta={row['eta']:g}"
             figures += ones
     return figures
 

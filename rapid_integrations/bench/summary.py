@@ -24,7 +24,8 @@ def summarize(records: list[Record]) -> list[Record]:
     speed-only suite ran its methods more than once), acceptance is accepted / drafted over the
     group, and speedup_vs_lc divides by the `lc` row of the same suite, length, task and turn 1.
     accuracy_stderr is the standard error of the mean accuracy over the group's tasks;
-    ceiling_ratio is speedup_vs_lc over the mean `ceiling_speedup` of the group's records.
+    ceiling_ratio is speedup_vs_lc over the mean `ceiling_speedup` of the group's records;
+    texts the digests of the distinct texts the group decoded.
     """
     groups: dict[tuple, list[Record]] = {}
     for r in records:
