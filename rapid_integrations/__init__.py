@@ -22,7 +22,7 @@ from .errors import (
     RetrievalError,
     VocabularyMismatchError,
 )
-from .outputs import RapidOutput, RapidStats, RapidStream
+from .outputs import Delta, RapidOutput, RapidStats, RapidStream
 from .tools import ToolCall
 
 # With torchao installed (extra `quant`), transformers imports it with its models, and torchao
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ContextRetriever",
     "ContextWindowExceededError",
+    "Delta",
     "DeviceOutOfMemoryError",
     "FaissContextRetriever",
     "Grammar",

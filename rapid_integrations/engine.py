@@ -45,7 +45,7 @@ from .models import (
     load_tokenizer,
     lower_precision_copy,
 )
-from .outputs import FinishReason, RapidOutput, RapidStats, RapidStream
+from .outputs import Delta, FinishReason, RapidOutput, RapidStats, RapidStream
 from .prefix_cache import PrefixCache
 from .schedule_memory import ScheduleMemory, schedule_key
 from .tokens import Detokenizer, Prompt, encode_prompt, is_chat, stop_token_ids
@@ -298,7 +298,7 @@ class RapidEngine:
 
     def _begin(
         self, prompt: Prompt, draft_prompt: Prompt | None, mode: str, overrides: dict[str, Any]
-    ) -> Generator[str, None, RapidOutput]:
+    ) -> Generator[Delta, None, RapidOutput]:
         """Plan the call now, so that bad input raises here and not at a stream's first token;
         the generator returned decodes it."""
         start = time.perf_counter()
@@ -306,8 +306,8 @@ class RapidEngine:
         return self._free_on_out_of_memory(self._run(plan, stats, start), plan)
 
     def _free_on_out_of_memory(
-        self, run: Generator[str, None, RapidOutput], plan: _Plan
-    ) -> Generator[str, None, RapidOutput]:
+        self, run: Generator[Delta, None, RapidOutput], plan: _Plan
+    ) -> Generator[Delta, None, RapidOutput]:
         """`run`, with running out of memory raised as `DeviceOutOfMemoryError`.
 
         The failed call's frames are cleared, or the error would keep its half-filled KV caches
@@ -326,7 +326,7 @@ class RapidEngine:
     @torch.inference_mode()
     def _run(
         self, plan: _Plan, stats: RapidStats, start: float
-    ) -> Generator[str, None, RapidOutput]:
+    ) -> Generator[Delta, None, RapidOutput]:
         cfg = plan.cfg
         # Sampling and the verdict run where the deciding model's logits come out.
         gen = torch.Generator(logits_device(plan.main)).manual_seed(stats.seed)
@@ -377,7 +377,7 @@ class RapidEngine:
             if content:  # streams never show call markup (docs/algorithm.md section 11)
                 delta = content.push(delta) + (content.finish() if finish else "")
             if delta:
-                yield delta
+                yield Delta(delta)
             if finish:
                 break
 

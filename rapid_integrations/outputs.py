@@ -93,17 +93,43 @@ class RapidOutput:
     tool_calls: list[ToolCall] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Delta:
+    """One streamed step of a call: what the tokens committed by one target pass release.
+
+    text: answer text (without call markup when tools are on). Every other kind of streamed
+    content (reasoning, tool-call fragments, log probabilities) is a field of this one type,
+    so a consumer reads one stream, not one per feature.
+    """
+
+    text: str = ""
+
+
 class RapidStream(Iterator[str]):
     """Iterator of text deltas; `output` holds the `RapidOutput` once it is exhausted.
+    `deltas()` iterates the same call as `Delta` objects instead (use one or the other).
 
     Closing it (or dropping it) stops generation and frees its KV caches.
     """
 
-    def __init__(self, run: Generator[str, None, RapidOutput]) -> None:
+    def __init__(self, run: Generator[Delta, None, RapidOutput]) -> None:
         self._run = run
         self.output: RapidOutput | None = None
 
     def __next__(self) -> str:
+        while not (delta := self._next_delta()).text:
+            pass  # a step that released no answer text
+        return delta.text
+
+    def deltas(self) -> Iterator[Delta]:
+        """Every step of the call as a `Delta`, text or not."""
+        while True:
+            try:
+                yield self._next_delta()
+            except StopIteration:
+                return
+
+    def _next_delta(self) -> Delta:
         try:
             return next(self._run)
         except StopIteration as done:

@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterator
 
 from .errors import RapidError
-from .outputs import RapidOutput, RapidStream
+from .outputs import Delta, RapidOutput, RapidStream
 
 
 class RapidTimeoutError(RapidError, TimeoutError):
@@ -26,9 +26,13 @@ class TimedRun:
         self._timeout = timeout
 
     def __iter__(self) -> Iterator[str]:
+        return (delta.text for delta in self.deltas() if delta.text)
+
+    def deltas(self) -> Iterator[Delta]:
+        """The stream's `Delta`s, under the same limit."""
         start = time.monotonic()
         with self._stream:
-            for delta in self._stream:
+            for delta in self._stream.deltas():
                 yield delta
                 if self._timeout is not None and time.monotonic() - start > self._timeout:
                     raise RapidTimeoutError(f"generation took longer than {self._timeout} s")

@@ -153,6 +153,9 @@ def test_stream_equals_generate_and_same_seed_repeats(tok, target, draft):
         stream = engine.stream("hello kab", "kab", seed=seed)
         assert "".join(stream) == out.text
         assert stream.output.token_ids == out.token_ids and stream.output.stats.seed == seed
+        deltas = engine.stream("hello kab", "kab", seed=seed)
+        assert "".join(d.text for d in deltas.deltas()) == out.text
+        assert deltas.output.token_ids == out.token_ids
 
 
 def test_context_window_is_enforced_or_truncated(tok):
