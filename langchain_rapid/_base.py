@@ -1,15 +1,16 @@
 """What `ChatRapid` and `RapidLLM` share: fields, the lazy engine, per-call parameters, runs.
 
-Both classes adapt one `RapidEngine` call, `engine.stream(prompt, draft_prompt, mode, **overrides)`,
+Both classes adapt one `RapidEngine` call, `engine.stream(prompt, options=CallOptions(...))`,
 and differ only in how they wrap its text deltas (message chunks or generation chunks). Every
-decoding decision stays in the engine; this module only maps LangChain's vocabulary onto it
-(the names both adapters share are in `rapid_integrations.adapter_params` and docs/migration.md).
+decoding decision stays in the engine, and the engine's lazy build in `EngineHandle`; this
+module only maps LangChain's vocabulary onto them (the names both adapters share are in
+`rapid_integrations.adapter_params` and docs/migration.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import threading
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
@@ -22,18 +23,18 @@ from pydantic import (
 )
 from typing_extensions import Self
 
-from rapid_integrations import RapidError
+from rapid_integrations import RapidConfig, RapidError
 from rapid_integrations.adapter_params import (
     SAMPLING_FIELDS,
-    LoadSpec,
-    check_engine_alone,
     deprecated,
     merge_overrides,
-    model_name,
     retriever_identity,
     translate_generate_kwargs,
 )
 from rapid_integrations.aio import aiter_in_thread as aiter_in_thread  # for chat_models, llms
+from rapid_integrations.call_options import CallOptions
+from rapid_integrations.config import Mode, check_mode
+from rapid_integrations.engine_handle import EngineHandle
 from rapid_integrations.timeouts import RapidTimeoutError as RapidTimeoutError  # re-exported
 from rapid_integrations.timeouts import TimedRun
 
@@ -77,6 +78,7 @@ _LOADING_FIELDS = (
     "draft_model_kwargs",
     "tokenizer_kwargs",
 )
+_CONFIG_NAMES = frozenset(f.name for f in dataclasses.fields(RapidConfig))
 # HuggingFacePipeline.from_model_id's `device`: an accelerator index, -1 for the CPU.
 _CPU_INDEX = -1
 
@@ -104,7 +106,7 @@ class RapidParams(BaseModel):
     (wrapped in `RapidRetrieverAdapter`), any `ContextRetriever`, or None for the engine's
     built-in retriever over the prompt."""
 
-    mode: Literal["rapid", "sd", "lc", "rag"] = "rapid"
+    mode: Mode = "rapid"
     """`rapid` (retrieval-augmented speculation), `sd` (plain speculative decoding, draft on the
     full prompt), `lc` (target alone) or `rag` (draft alone on the retrieved context)."""
 
@@ -175,11 +177,10 @@ class RapidParams(BaseModel):
 
     rapid_config: dict[str, Any] = Field(default_factory=dict)
     """Any other `RapidConfig` fields for every call: residual, tail_guard, truncation,
-    retrieval_budget, prefill_chunk_size, ..."""
+    retrieval_budget, prefill_chunk_size, ... They may also be given as constructor arguments
+    of their own (`ChatRapid(truncation="head_tail")`), which land here."""
 
-    _engine: RapidEngine | None = PrivateAttr(default=None)
-    _engine_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-    _tokenizer: PreTrainedTokenizerBase | None = PrivateAttr(default=None)
+    _engine_handle: EngineHandle | None = PrivateAttr(default=None)
 
     def __init__(self, **data: Any) -> None:
         """Our own checks raise the package's errors (`RapidConfigError` naming the field),
@@ -191,13 +192,27 @@ class RapidParams(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        """Old names, kept for one release with a DeprecationWarning."""
-        if isinstance(data, dict) and "rapid_kwargs" in data:
+    def _gather_config(cls, data: Any) -> Any:
+        """`rapid_config` from its old name (kept for one release with a DeprecationWarning)
+        and from `RapidConfig` fields given as arguments of their own; a field given twice
+        raises `RapidConfigError`."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "rapid_kwargs" in data:
             deprecated("rapid_kwargs", "rapid_config", cls.__name__)
-            data = dict(data)
             data["rapid_config"] = {**data.pop("rapid_kwargs"), **data.get("rapid_config", {})}
+        own = {k: data.pop(k) for k in list(data) if k in _CONFIG_NAMES - set(cls.model_fields)}
+        if own:
+            given = data.get("rapid_config") or {}
+            data["rapid_config"] = merge_overrides(("arguments", own), ("rapid_config", given))
         return data
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _check_mode(cls, value: object) -> object:
+        check_mode(value)  # the package's RapidConfigError, not pydantic's message
+        return value
 
     @field_validator("retriever", mode="before")
     @classmethod
@@ -207,10 +222,19 @@ class RapidParams(BaseModel):
     @model_validator(mode="after")
     def _check_params(self) -> Self:
         """Reject contradictions and invalid values at construction (no weights load)."""
-        check_engine_alone(self.engine, {name: getattr(self, name) for name in _LOADING_FIELDS})
-        self._load_spec()
+        # Made now, in one thread (so concurrent first calls share it), and its checks run.
+        self._engine_handle = self._handle
         self._config_overrides()
         return self
+
+    @property
+    def _handle(self) -> EngineHandle:
+        """The engine handle, made on first use: at construction (LangChain's own validators,
+        such as the model profile's, may come first)."""
+        if self._engine_handle is None:
+            loading = {name: getattr(self, name) for name in _LOADING_FIELDS}
+            self._engine_handle = EngineHandle(self.engine, loading)
+        return self._engine_handle
 
     @classmethod
     def from_model_id(
@@ -273,44 +297,19 @@ class RapidParams(BaseModel):
             model=model_id, device=_device_name(device), model_kwargs=loading, **fields, **kwargs
         )
 
-    def _load_spec(self) -> LoadSpec:
-        return LoadSpec(**{name: getattr(self, name) for name in _LOADING_FIELDS})
-
     @property
     def model_label(self) -> str:
         """The model's name for metadata and tracing; known without loading any weights."""
-        if self.engine is not None:
-            return model_name(self.engine.model_name)
-        return self._load_spec().label
+        return self._handle.label
 
     def get_engine(self) -> RapidEngine:
         """The engine, loading the weights on first use (once, even under concurrent calls)."""
-        if self.engine is not None:
-            return self.engine
-        with self._engine_lock:
-            if self._engine is None:
-                # A tokenizer loaded already (for counting) is not loaded twice.
-                self._engine = self._load_spec().build(self._tokenizer)
-            return self._engine
+        return self._handle.get()
 
     def get_token_ids(self, text: str) -> list[int]:
         """The model's own token ids for `text` (its tokenizer, not GPT-2's); loads the
         tokenizer alone if the engine is not loaded yet."""
-        return list(self._counting_tokenizer().encode(text, add_special_tokens=False))
-
-    def _counting_tokenizer(self) -> PreTrainedTokenizerBase:
-        if self.engine is not None or self._engine is not None:
-            return self.get_engine().tokenizer
-        with self._engine_lock:
-            if self._tokenizer is None:
-                self._tokenizer = self._load_spec().load_tokenizer()
-            return self._tokenizer
-
-    def _context_window(self) -> int:
-        """The target's window, from its config: no weights load."""
-        if self.engine is not None:
-            return self.engine.context_window
-        return self._load_spec().context_window()
+        return list(self._handle.tokenizer().encode(text, add_special_tokens=False))
 
     def _config_overrides(self) -> dict[str, Any]:
         """RapidConfig values set on this instance, under the engine's field names."""
@@ -328,13 +327,11 @@ class RapidParams(BaseModel):
         return merge_overrides(("fields", named), ("rapid_config", self.rapid_config))
 
     def _start(self, prompt: Prompt, stop: list[str] | None, kwargs: dict[str, Any]) -> TimedRun:
-        """Begin one engine call. Per-call `kwargs` override the instance: `mode`,
-        `draft_prompt`, `retriever`, `query`, `max_tokens` and any RapidConfig field by name;
-        unknown names raise `RapidConfigError`."""
+        """Begin one engine call. Per-call `kwargs` override the instance: `max_tokens`, the
+        `CallOptions` names (`mode`, `draft_prompt`, `retriever`, `query`, tools, ...) and any
+        RapidConfig field by name; unknown names raise `RapidConfigError`."""
         call = dict(kwargs)
         call.pop("stream", None)  # LangChain's own streaming switch, not a generation setting
-        mode = call.pop("mode", self.mode)
-        draft_prompt = call.pop("draft_prompt", None)
         if "max_tokens" in call:
             call["max_new_tokens"] = call.pop("max_tokens")
         retriever = call.pop("retriever", self.retriever)
@@ -343,10 +340,8 @@ class RapidParams(BaseModel):
         stop = self.stop if stop is None else stop
         if stop is not None:
             call["stop"] = tuple(stop)
-        overrides = {**self._config_overrides(), **call}
-        return TimedRun(
-            self.get_engine().stream(prompt, draft_prompt, mode, **overrides), self.timeout
-        )
+        options = CallOptions.of({"mode": self.mode, **self._config_overrides(), **call})
+        return TimedRun(self.get_engine().stream(prompt, options=options), self.timeout)
 
     def _usage(self, output: RapidOutput) -> dict[str, int]:
         """Real token counts: the target's prompt and the committed tokens."""
@@ -386,7 +381,7 @@ class RapidParams(BaseModel):
         models = (
             {"model": self.model_label, "engine": f"RapidEngine@{id(self.engine):x}"}
             if self.engine is not None
-            else self._load_spec().identity()
+            else self._handle.spec.identity()
         )
         return {
             **models,

@@ -82,7 +82,7 @@ class ChatRapid(RapidParams, BaseChatModel):
     def _resolve_model_profile(self) -> ModelProfile | None:
         """What the model can do; `max_input_tokens` read from its config (no weights load)."""
         return ModelProfile(
-            max_input_tokens=self._context_window(),
+            max_input_tokens=self._handle.context_window(),
             text_inputs=True,
             image_inputs=False,
             image_url_inputs=False,
@@ -105,16 +105,15 @@ class ChatRapid(RapidParams, BaseChatModel):
     ) -> int:
         """Tokens the target reads for `messages`: through the chat template, with the
         model's own tokenizer (no weights load before the first call)."""
+        from rapid_integrations.tokens import render_chat
         from rapid_integrations.tools import Tools, prepare_messages
 
-        tokenizer = self._counting_tokenizer()
+        tokenizer = self._handle.tokenizer()
         specs = Tools.parse(openai_tools(tools)) if tools else None
         # Rendered as the engine renders them: tools and calls through the template or its
         # system-prompt rendering.
         prepared, extra = prepare_messages(to_chat_messages(messages), specs, tokenizer)
-        text = tokenizer.apply_chat_template(
-            prepared, tokenize=False, add_generation_prompt=True, **extra
-        )
+        text = render_chat(prepared, tokenizer, extra)
         return len(tokenizer.encode(text, add_special_tokens=False))
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:

@@ -13,7 +13,7 @@ plus `HuggingFaceLLM`'s wherever they overlap.
 from __future__ import annotations
 
 import contextlib
-import threading
+import dataclasses
 import warnings
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -37,18 +37,17 @@ from llama_index.core.prompts import PromptTemplate
 
 from rapid_integrations import RapidConfig, RapidConfigError, RapidInputError, RapidOutput
 from rapid_integrations.adapter_params import (
-    LoadSpec,
-    check_engine_alone,
     config_overrides,
     deprecated,
     has_chat_template,
     merge_overrides,
-    model_name,
     translate_generate_kwargs,
     user_turn,
 )
 from rapid_integrations.aio import aiter_in_thread
-from rapid_integrations.config import check_mode
+from rapid_integrations.call_options import CALL_NAMES, CallOptions
+from rapid_integrations.config import Mode, check_mode
+from rapid_integrations.engine_handle import EngineHandle
 from rapid_integrations.timeouts import TimedRun
 
 from .messages import (
@@ -80,17 +79,7 @@ if TYPE_CHECKING:
     ModelSpec = PreTrainedModel | str | Path
     TokenizerSpec = PreTrainedTokenizerBase | str | Path
 
-# Per-call options that go to the engine as they are (not RapidConfig fields).
-_ENGINE_ARGUMENTS = (
-    "mode",
-    "retriever",
-    "query",
-    "draft_prompt",
-    "grammar",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-)
+_CONFIG_NAMES = frozenset(f.name for f in dataclasses.fields(RapidConfig))
 # LLM base-class arguments, passed on to LlamaIndex as they are.
 _BASE_ARGUMENTS = frozenset(
     {
@@ -146,7 +135,7 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
     is_chat_model: bool | None = Field(
         default=None, description="Reported chat-model flag; None: whether a chat template exists."
     )
-    mode: str = Field(default="rapid", description="rapid | sd | lc | rag (see RapidEngine).")
+    mode: Mode = Field(default="rapid", description="rapid | sd | lc | rag (see RapidEngine).")
     timeout: float | None = Field(default=None, description="Seconds a call may take.")
     raw_completion: bool = Field(
         default=False, description="Send completion prompts without the chat template."
@@ -158,11 +147,8 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         default_factory=dict, description="Other RapidConfig fields for every call."
     )
 
-    _load: LoadSpec = PrivateAttr()
+    _handle: EngineHandle = PrivateAttr()
     _overrides: dict[str, Any] = PrivateAttr()
-    _engine: RapidEngine | None = PrivateAttr(default=None)
-    _tokenizer: PreTrainedTokenizerBase | None = PrivateAttr(default=None)
-    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _retriever: ContextRetriever | None = PrivateAttr(default=None)
     _query_extractor: Callable[[str], str | None] = PrivateAttr()
     _own_formatting: frozenset[str] = PrivateAttr()
@@ -209,49 +195,29 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
     ) -> None:
         # Checked here, before pydantic and before any weights load, so that bad values raise
         # the package's own errors at construction rather than on the first call.
-        old = {name: kwargs.pop(name) for name in list(kwargs) if name in _RENAMED}
-        unknown = sorted(set(kwargs) - _BASE_ARGUMENTS)
-        if unknown:
-            raise RapidConfigError(
-                unknown[0], "unknown argument of RapidLLM (docs/migration.md lists them)"
-            )
-        model = _renamed(old, "target", model)
-        draft_model = _renamed(old, "draft", draft_model)
-        rapid_config = _renamed(old, "config", rapid_config)
-        check_mode(mode)
-        if timeout is not None and not timeout > 0:
-            raise RapidConfigError("timeout", f"must be a number of seconds > 0, got {timeout!r}")
-        if context_window is not None and not context_window > 0:
-            raise RapidConfigError("context_window", f"must be > 0, got {context_window!r}")
-        if stopping_ids:
-            raise RapidConfigError(
-                "stopping_ids",
-                "token-id stops are not supported: give stop strings (stop=[...]); "
-                "the model's end-of-sequence and end-of-turn tokens always end generation",
-            )
-        # Only input_ids ever reach the model, so there are no other tokenizer outputs to remove.
-        del tokenizer_outputs_to_remove
-        model = _hf_name(model, model_name, "model_name")
-        tokenizer = _hf_name(tokenizer, tokenizer_name, "tokenizer_name")
-        model_kwargs = dict(model_kwargs or {})
-        if device_map is not None:
-            if "device_map" in model_kwargs:
-                raise RapidConfigError("device_map", "already given in model_kwargs")
-            model_kwargs["device_map"] = device_map
+        del tokenizer_outputs_to_remove  # only input_ids reach the model: nothing to remove
+        old, config_arguments = _sort_arguments(kwargs)
+        _check_values(mode, timeout, context_window, stopping_ids)
         loading = {
-            "model": model,
-            "draft_model": draft_model,
-            "tokenizer": tokenizer,
+            "model": _hf_name(_renamed(old, "target", model), model_name, "model_name"),
+            "draft_model": _renamed(old, "draft", draft_model),
+            "tokenizer": _hf_name(tokenizer, tokenizer_name, "tokenizer_name"),
             "device": device,
             "draft_device": draft_device,
             "dtype": dtype,
             "draft_precision": draft_precision,
-            "model_kwargs": model_kwargs,
+            "model_kwargs": _with_device_map(model_kwargs, device_map),
             "draft_model_kwargs": draft_model_kwargs or {},
             "tokenizer_kwargs": tokenizer_kwargs or {},
         }
-        check_engine_alone(engine, loading)
-        load = LoadSpec(**loading)
+        handle = EngineHandle(engine, loading)
+        rapid_config = merge_overrides(
+            ("arguments", config_arguments),
+            (
+                "rapid_config",
+                config_overrides(_renamed(old, "config", rapid_config), "rapid_config"),
+            ),
+        )
         fields = {
             "max_new_tokens": max_new_tokens,
             "temperature": temperature,
@@ -264,7 +230,6 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
             "seed": seed,
             "stop": stop,
         }
-        rapid_config = config_overrides(rapid_config, "rapid_config")
         overrides = merge_overrides(
             ("fields", {k: v for k, v in fields.items() if v is not None}),
             ("rapid_config", rapid_config),
@@ -273,11 +238,8 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
                 translate_generate_kwargs(generate_kwargs or {}, "generate_kwargs"),
             ),
         )
-        query_wrapper = kwargs.pop("query_wrapper_prompt", None)
-        if isinstance(query_wrapper, str):
-            query_wrapper = PromptTemplate(query_wrapper)
         super().__init__(
-            model_name=model_name or _label(engine, load),
+            model_name=model_name or handle.label,
             context_window=context_window,
             max_new_tokens=max_new_tokens,
             is_chat_model=is_chat_model,
@@ -286,15 +248,14 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
             raw_completion=raw_completion,
             generate_kwargs=generate_kwargs or {},
             rapid_config=rapid_config,
-            query_wrapper_prompt=query_wrapper,
+            query_wrapper_prompt=_template(kwargs.pop("query_wrapper_prompt", None)),
             **kwargs,
         )
         self._own_formatting = frozenset(
             name for name in ("messages_to_prompt", "completion_to_prompt") if kwargs.get(name)
         )
-        self._load = load
+        self._handle = handle
         self._overrides = overrides
-        self._engine = engine
         self._retriever = as_context_retriever(retriever)
         self._query_extractor = as_query_extractor(query_extractor)
 
@@ -304,12 +265,7 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
 
     def get_engine(self) -> RapidEngine:
         """The `RapidEngine`, built (models loaded) on first use, once."""
-        if self._engine is None:
-            with self._lock:
-                if self._engine is None:
-                    # A tokenizer loaded already (for the metadata) is not loaded twice.
-                    self._engine = self._load.build(self._tokenizer)
-        return self._engine
+        return self._handle.get()
 
     @property
     def engine(self) -> RapidEngine:
@@ -318,12 +274,17 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         return self.get_engine()
 
     @property
+    def retriever(self) -> ContextRetriever | None:
+        """What feeds the draft's short context (None: the engine retrieves from the prompt)."""
+        return self._retriever
+
+    @property
     def metadata(self) -> LLMMetadata:
         """Window, output size, chat flags and name, with no weights loaded: the window comes
         from the model's config, the chat flag from its tokenizer; values given win. Tools
         need the chat template (the engine renders them through it), so the function-calling
         flag is whether the tokenizer has one and no `messages_to_prompt` of yours replaces it."""
-        window = self._model_window()
+        window = self._handle.context_window()
         if self.context_window is not None:
             if self.context_window > window:
                 warnings.warn(
@@ -332,8 +293,9 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
                     stacklevel=2,
                 )
             window = min(window, self.context_window)
-        base = self._engine.config if self._engine is not None else RapidConfig()
-        template = self._chat_template()
+        built = self._handle.built
+        base = built.config if built is not None else RapidConfig()
+        template = has_chat_template(self._handle.tokenizer())
         return LLMMetadata(
             context_window=window,
             num_output=base.replace(**self._overrides).max_new_tokens,
@@ -341,20 +303,6 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
             is_function_calling_model=template and "messages_to_prompt" not in self._own_formatting,
             model_name=self.model_name,
         )
-
-    def _model_window(self) -> int:
-        if self._engine is not None:
-            return self._engine.context_window
-        return self._load.context_window()
-
-    def _chat_template(self) -> bool:
-        """Whether the target's tokenizer has a chat template (its tokenizer alone loads)."""
-        if self._engine is not None:
-            return has_chat_template(self._engine.tokenizer)
-        with self._lock:
-            if self._tokenizer is None:
-                self._tokenizer = self._load.load_tokenizer()
-        return has_chat_template(self._tokenizer)
 
     # -- completion ---------------------------------------------------------------------
 
@@ -496,18 +444,16 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
 
     # -- shared --------------------------------------------------------------------------
 
-    def _call_args(
-        self, prompt: str | list[dict[str, Any]], kwargs: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Engine arguments of one call: mode, retriever, the extracted query, overrides.
+    def _call_args(self, prompt: str | list[dict[str, Any]], kwargs: dict[str, Any]) -> CallOptions:
+        """The options of one call: mode, retriever, the extracted query, overrides.
 
-        Per-call options are RapidConfig fields or transformers generate() names, plus `mode`,
-        `retriever`, `query`, `draft_prompt`, `grammar`, `tools`, `tool_choice` and
-        `parallel_tool_calls`. A query
-        given per call, or a `query_fn` in the configuration, wins over extraction.
+        Per-call options are RapidConfig fields or transformers generate() names, plus the
+        `CallOptions` names (`mode`, `retriever`, `query`, `draft_prompt`, `grammar`, `tools`,
+        `tool_choice`, `parallel_tool_calls`). A query given per call, or a `query_fn` in the
+        configuration, wins over extraction.
         """
         call = dict(kwargs)
-        engine_args = {k: call.pop(k) for k in _ENGINE_ARGUMENTS if k in call}
+        engine_args = {k: call.pop(k) for k in CALL_NAMES if k in call}
         args: dict[str, Any] = {
             "mode": self.mode,
             **self._overrides,
@@ -519,12 +465,12 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         if "retriever" in engine_args:
             args["retriever"] = as_context_retriever(engine_args["retriever"])
         if "query" in args or args.get("query_fn", self.get_engine().config.query_fn) is not None:
-            return args
+            return CallOptions.of(args)
         query = self._query_extractor(_last_user_text(prompt))
-        return {**args, "query": query} if query else args
+        return CallOptions.of({**args, "query": query} if query else args)
 
     def _stream(
-        self, prompt: str | list[dict[str, Any]], args: dict[str, Any]
+        self, prompt: str | list[dict[str, Any]], options: CallOptions
     ) -> Iterator[tuple[str, str, RapidOutput | None]]:
         """(cumulative text, delta, None) per delta, then ("...", "", output) with the stats.
 
@@ -532,9 +478,7 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         (as usage does in other providers' streams). Closing early frees the engine's caches;
         a call past `timeout` raises `RapidTimeoutError`.
         """
-        mode = args.pop("mode")
-        draft_prompt = args.pop("draft_prompt", None)
-        run = TimedRun(self.get_engine().stream(prompt, draft_prompt, mode, **args), self.timeout)
+        run = TimedRun(self.get_engine().stream(prompt, options=options), self.timeout)
         text = ""
         for delta in run:
             text += delta
@@ -561,8 +505,51 @@ def _hf_name(value: Any, name: str | None, field: str) -> Any:
     return name
 
 
-def _label(engine: RapidEngine | None, load: LoadSpec) -> str:
-    return model_name(engine.model_name) if engine is not None else load.label
+def _sort_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Pop the old names and the `RapidConfig` fields (given as arguments of their own) out of
+    `kwargs`, which keeps LlamaIndex's base-class arguments; any other name raises."""
+    old = {name: kwargs.pop(name) for name in list(kwargs) if name in _RENAMED}
+    config = {name: kwargs.pop(name) for name in list(kwargs) if name in _CONFIG_NAMES}
+    unknown = sorted(set(kwargs) - _BASE_ARGUMENTS)
+    if unknown:
+        raise RapidConfigError(
+            unknown[0], "unknown argument of RapidLLM (docs/migration.md lists them)"
+        )
+    return old, config
+
+
+def _check_values(
+    mode: str, timeout: float | None, context_window: int | None, stopping_ids: list[int] | None
+) -> None:
+    """The checks of RapidLLM's own arguments (the rest are checked where they are used)."""
+    check_mode(mode)
+    if timeout is not None and not timeout > 0:
+        raise RapidConfigError("timeout", f"must be a number of seconds > 0, got {timeout!r}")
+    if context_window is not None and not context_window > 0:
+        raise RapidConfigError("context_window", f"must be > 0, got {context_window!r}")
+    if stopping_ids:
+        raise RapidConfigError(
+            "stopping_ids",
+            "token-id stops are not supported: give stop strings (stop=[...]); "
+            "the model's end-of-sequence and end-of-turn tokens always end generation",
+        )
+
+
+def _with_device_map(
+    model_kwargs: dict[str, Any] | None, device_map: str | dict[str, Any] | None
+) -> dict[str, Any]:
+    """`HuggingFaceLLM`'s device_map, as the `model_kwargs` entry it is."""
+    model_kwargs = dict(model_kwargs or {})
+    if device_map is not None:
+        if "device_map" in model_kwargs:
+            raise RapidConfigError("device_map", "already given in model_kwargs")
+        model_kwargs["device_map"] = device_map
+    return model_kwargs
+
+
+def _template(query_wrapper: str | PromptTemplate | None) -> PromptTemplate | None:
+    """`query_wrapper_prompt` as a template (HuggingFaceLLM takes a string too)."""
+    return PromptTemplate(query_wrapper) if isinstance(query_wrapper, str) else query_wrapper
 
 
 def _last_user_text(prompt: str | list[dict[str, Any]]) -> str:

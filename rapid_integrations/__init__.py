@@ -9,6 +9,7 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .call_options import CallOptions
 from .config import RapidConfig
 from .errors import (
     ContextWindowExceededError,
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from .retrieval import ContextRetriever, FaissContextRetriever
 
 __all__ = [
+    "CallOptions",
     "ContextRetriever",
     "ContextWindowExceededError",
     "Delta",

@@ -24,7 +24,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .attention import use_rapid_attention
-from .config import DRAFT_PRECISIONS, RapidConfig, check_choice, check_mode
+from .call_options import ENGINE_RETRIEVER, CallOptions
+from .config import DRAFT_PRECISIONS, Mode, RapidConfig, check_choice
 from .constraints import Constraints
 from .drafting import GammaSchedule, LookupFirst, LookupProposer, ModelProposer, Proposer
 from .errors import (
@@ -271,15 +272,20 @@ class RapidEngine:
         self,
         prompt: Prompt,
         draft_prompt: Prompt | None = None,
-        mode: str = "rapid",
+        mode: Mode | None = None,
+        *,
+        options: CallOptions | None = None,
         **overrides: Any,
     ) -> RapidOutput:
-        """Generate a completion. `overrides` are `RapidConfig` fields for this call, plus
-        `retriever=` and `query=` for building the draft prompt when `draft_prompt` is None,
-        and `grammar=` (a `Grammar`) that the output must match (docs/algorithm.md section 10),
-        or `tools=`, `tool_choice=` and `parallel_tool_calls=` (section 11).
+        """Generate a completion. The call's options are `options` (a `CallOptions`), or the
+        keyword form that builds one (`CallOptions.of`): `draft_prompt`, `mode` (None:
+        "rapid"), and `overrides`: `RapidConfig` fields for this call, plus `retriever=` and
+        `query=` for building the draft prompt when `draft_prompt` is None, and `grammar=` (a
+        `Grammar`) that the output must match (docs/algorithm.md section 10), or `tools=`,
+        `tool_choice=` and `parallel_tool_calls=` (section 11). Unknown names raise
+        `RapidConfigError` naming them.
         """
-        run = self._begin(prompt, draft_prompt, mode, overrides)
+        run = self._begin(prompt, _call_options(options, draft_prompt, mode, overrides))
         while True:
             try:
                 next(run)
@@ -290,19 +296,21 @@ class RapidEngine:
         self,
         prompt: Prompt,
         draft_prompt: Prompt | None = None,
-        mode: str = "rapid",
+        mode: Mode | None = None,
+        *,
+        options: CallOptions | None = None,
         **overrides: Any,
     ) -> RapidStream:
         """Like `generate`, but iterate text deltas as tokens are committed; `.output` at the end."""
-        return RapidStream(self._begin(prompt, draft_prompt, mode, overrides))
+        return RapidStream(
+            self._begin(prompt, _call_options(options, draft_prompt, mode, overrides))
+        )
 
-    def _begin(
-        self, prompt: Prompt, draft_prompt: Prompt | None, mode: str, overrides: dict[str, Any]
-    ) -> Generator[Delta, None, RapidOutput]:
+    def _begin(self, prompt: Prompt, options: CallOptions) -> Generator[Delta, None, RapidOutput]:
         """Plan the call now, so that bad input raises here and not at a stream's first token;
         the generator returned decodes it."""
         start = time.perf_counter()
-        plan, stats = self._plan(prompt, draft_prompt, mode, overrides)
+        plan, stats = self._plan(prompt, options)
         return self._free_on_out_of_memory(self._run(plan, stats, start), plan)
 
     def _free_on_out_of_memory(
@@ -462,20 +470,15 @@ class RapidEngine:
             max_prefix_bytes=cfg.prefix_cache_bytes,
         )
 
-    def _plan(
-        self, prompt: Prompt, draft_prompt: Prompt | None, mode: str, overrides: dict[str, Any]
-    ) -> tuple[_Plan, RapidStats]:
+    def _plan(self, prompt: Prompt, options: CallOptions) -> tuple[_Plan, RapidStats]:
         """Validate the call, encode both prompts, and choose who decodes what."""
-        check_mode(mode)
-        retriever = overrides.pop("retriever", self.retriever)
-        query = overrides.pop("query", None)
-        tools = Tools.parse(
-            overrides.pop("tools", None),
-            overrides.pop("tool_choice", None),
-            overrides.pop("parallel_tool_calls", True),
-        )
-        grammar = self._grammar(overrides.pop("grammar", None), tools)
-        cfg = self.config.replace(**overrides)
+        mode, draft_prompt = options.mode, options.draft_prompt
+        retriever = options.retriever
+        if retriever is ENGINE_RETRIEVER:
+            retriever = self.retriever
+        tools = Tools.parse(options.tools, options.tool_choice, options.parallel_tool_calls)
+        grammar = self._grammar(options.grammar, tools)
+        cfg = self.config.replace(**options.config)
         if mode == "sd":
             cfg = cfg.replace(eta=0.0)
         seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**62)
@@ -486,7 +489,9 @@ class RapidEngine:
         if mode in ("rapid", "sd") and short:
             mode = "lc"  # too short for speculation to pay off (docs/algorithm.md section 2.9)
         if mode in ("rapid", "rag") and draft_prompt is None:
-            draft_prompt, mode = self._retrieve(prompt, ids, retriever, query, cfg, stats, mode)
+            draft_prompt, mode = self._retrieve(
+                prompt, ids, retriever, options.query, cfg, stats, mode
+            )
         elif draft_prompt is not None:
             draft_prompt, _ = self._with_tools(draft_prompt, tools)
         draft_ids = None
@@ -555,6 +560,19 @@ class RapidEngine:
         keep = window - min(cfg.max_new_tokens, window // 4)
         head = keep // 4
         return ids[:head] + ids[len(ids) - (keep - head) :]
+
+
+def _call_options(
+    options: CallOptions | None,
+    draft_prompt: Prompt | None,
+    mode: Mode | None,
+    overrides: dict[str, Any],
+) -> CallOptions:
+    """The call's options: `options`, or the keyword form's names built into them."""
+    given = {"draft_prompt": draft_prompt, "mode": mode}
+    return CallOptions.resolve(
+        options, {**{k: v for k, v in given.items() if v is not None}, **overrides}
+    )
 
 
 def _commit(

@@ -96,7 +96,7 @@ def stop_inside(text: str) -> str:
 
 def test_construction_loads_nothing() -> None:
     chat = ChatRapid(model="/nowhere/model", max_tokens=8)
-    assert chat._engine is None
+    assert chat._handle.built is None
     assert chat._get_ls_params()["ls_model_name"] == "model"
     assert ChatRapid()._identifying_params["model"] == "SmolLM2-135M-Instruct"
 
@@ -105,7 +105,7 @@ def test_model_object_loads_its_engine_once_on_first_call(
     target: Any, draft: Any, tok: PreTrainedTokenizerBase
 ) -> None:
     chat = ChatRapid(model=target, draft_model=draft, tokenizer=tok, max_tokens=4)
-    assert chat._engine is None
+    assert chat._handle.built is None
     assert chat._identifying_params["draft_model"] == "LlamaForCausalLM"
     chat.batch([PROMPT, PROMPT], config={"max_concurrency": 2})
     engine = chat.get_engine()

@@ -171,7 +171,7 @@ def _decode(server: _Server, call: EngineCall) -> Iterator[str | RapidOutput | N
     server.metrics.open_streams.inc()
     try:
         engine = server.engine
-        with engine.stream(call.prompt, call.draft_prompt, call.mode, **call.overrides) as stream:
+        with engine.stream(call.prompt, options=call.options) as stream:
             yield None
             yield from stream
             yield stream.output

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..call_options import CallOptions
 from ..errors import GrammarError, RapidError
 from ..outputs import RapidOutput
 from ..tokens import Prompt
@@ -28,13 +29,11 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "tool_calls
 
 @dataclass(frozen=True)
 class EngineCall:
-    """One `engine.stream(prompt, draft_prompt, mode, **overrides)` call, and how to answer it."""
+    """One `engine.stream(prompt, options=options)` call, and how to answer it."""
 
     kind: str  # "chat" or "text"
     prompt: Prompt
-    draft_prompt: Prompt | None
-    mode: str
-    overrides: dict[str, Any]
+    options: CallOptions
     stream: bool
     include_usage: bool
     model: str
@@ -96,15 +95,16 @@ def _call(
     draft_prompt: Prompt | None,
     overrides: dict[str, Any],
 ) -> EngineCall:
-    options = request.stream_options
+    stream_options = request.stream_options
+    options = CallOptions.of(
+        {"mode": request.mode or "rapid", "draft_prompt": draft_prompt, **overrides}
+    )
     return EngineCall(
         kind=kind,
         prompt=prompt,
-        draft_prompt=draft_prompt,
-        mode=request.mode or "rapid",
-        overrides=overrides,
+        options=options,
         stream=bool(request.stream),
-        include_usage=bool(options and options.include_usage),
+        include_usage=bool(stream_options and stream_options.include_usage),
         model=request.model,
     )
 
