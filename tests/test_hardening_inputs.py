@@ -138,6 +138,29 @@ def test_head_tail_truncation_fits_the_window(engine: RapidEngine, entry: str) -
     assert stats["target_context_tokens"] + stats["new_tokens"] <= 512
 
 
+ADAPTERS = {"ChatRapid": ChatRapid, "langchain RapidLLM": LangChainLLM, "llamaindex": LlamaIndexLLM}
+
+
+def _stats_of(model: Any, prompt: str) -> dict[str, Any]:
+    if isinstance(model, ChatRapid):
+        return model.invoke(prompt).response_metadata["rapid_stats"]
+    if isinstance(model, LangChainLLM):
+        return (model.generate([prompt]).generations[0][0].generation_info or {})["rapid_stats"]
+    return model.complete(prompt).raw["rapid_stats"]
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_truncation_as_a_constructor_argument(engine: RapidEngine, adapter: str) -> None:
+    """What the window error says to pass works where users pass settings first: the
+    constructor (any RapidConfig field, into rapid_config), in both frameworks alike."""
+    model = ADAPTERS[adapter](engine=engine, truncation="head_tail")
+    assert model.rapid_config == {"truncation": "head_tail"}
+    stats = _stats_of(model, "abc " * 200)
+    assert stats["target_context_tokens"] + stats["new_tokens"] <= 512
+    with pytest.raises(RapidConfigError, match=r"^truncation: given twice"):
+        ADAPTERS[adapter](engine=engine, truncation="error", rapid_config={"truncation": "error"})
+
+
 def test_head_tail_truncation_keeps_the_head_and_the_tail(
     engine: RapidEngine, tok: PreTrainedTokenizerBase
 ) -> None:
@@ -239,6 +262,15 @@ def test_invalid_settings_per_call_name_the_field(
     with pytest.raises(RapidConfigError) as caught:
         ENTRY_POINTS[entry](engine, "abc", **{field: value})
     assert caught.value.field == field
+
+
+@every_entry_point
+def test_a_misspelt_call_option_names_itself(engine: RapidEngine, entry: str) -> None:
+    """Call options that are not RapidConfig fields (draft_prompt, tool_choice, ...) are
+    checked by name too, when the call's options are built."""
+    with pytest.raises(RapidConfigError) as caught:
+        ENTRY_POINTS[entry](engine, "abc", draft_promt="a")
+    assert caught.value.field == "draft_promt"
 
 
 @every_entry_point

@@ -120,6 +120,7 @@ def test_model_object_loads_its_engine_once_on_first_call(
     [
         ({"eta": -1}, RapidConfigError, "eta: must be"),
         ({"gamma": 0}, RapidConfigError, "gamma: must be"),
+        ({"mode": "fast"}, RapidConfigError, "mode: must be 'rapid'"),
         ({"rapid_config": {"residual": "nope"}}, RapidConfigError, "residual: must be"),
         ({"rapid_config": {"bogus": 1}}, RapidConfigError, "bogus: unknown RapidConfig field"),
         ({"rapid_config": {"eta": 1.0}}, RapidConfigError, "the field of the same name"),
