@@ -16,7 +16,7 @@ import pytest
 
 from langchain_rapid import ChatRapid
 from llamaindex_rapid import RapidLLM as LlamaIndexLLM
-from rapid_integrations import CallOptions, RapidConfig, RapidConfigError
+from rapid_integrations import CallOptions, RapidConfig, RapidConfigError, RapidEngine
 from rapid_integrations.adapter_params import LoadSpec
 from rapid_integrations.call_options import CALL_NAMES, ENGINE_RETRIEVER
 from rapid_integrations.engine_handle import EngineHandle
@@ -63,6 +63,18 @@ def test_options_or_the_keyword_form_not_both() -> None:
         CallOptions.resolve(options, {"gamma": 2})
     with pytest.raises(RapidConfigError, match=r"^options: must be a CallOptions"):
         CallOptions.resolve({"eta": 1.0}, {})  # type: ignore[arg-type]
+
+
+def test_the_engine_takes_options_as_it_takes_keywords(target: Any, tok: Any) -> None:
+    engine = RapidEngine(target, tokenizer=tok)
+    names = {"mode": "sd", "gamma": 3, "max_new_tokens": 12, "ignore_eos": True}
+    options = CallOptions.of(names)
+    out = engine.generate("kab def ghi", options=options)
+    assert out.stats.mode == "sd" and len(out.token_ids) == 12
+    assert out.token_ids == engine.generate("kab def ghi", **names).token_ids
+    assert "".join(engine.stream("kab def ghi", options=options)) == out.text
+    with pytest.raises(RapidConfigError, match=r"^mode: pass options="):
+        engine.generate("kab def ghi", mode="lc", options=options)
 
 
 # ---- the engine handle ---------------------------------------------------------------------
