@@ -31,6 +31,11 @@ SETTINGS = [
 ]
 
 
+# Tiny models, thousands of small calls: two torch threads only add synchronization, which
+# on a busy machine made one sampling test here take 450 s instead of 5 (conftest.one_thread).
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 def repetitive_prompts(n: int, seed: int) -> list[tuple[str, str]]:
     """Prompts whose pieces repeat, so that n-gram lookups find matches."""
     return [(prompt * 3, draft * 2) for prompt, draft in random_prompts(n, seed)]
