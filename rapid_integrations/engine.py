@@ -26,7 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .attention import use_rapid_attention
 from .config import DRAFT_PRECISIONS, RapidConfig, check_choice, check_mode
 from .constraints import Constraints
-from .drafting import GammaSchedule, LookupFirst, LookupProposer, ModelProposer, Proposer
+from .drafting import LookupFirst, LookupProposer, ModelProposer, Proposer
 from .errors import (
     ContextWindowExceededError,
     DeviceOutOfMemoryError,
@@ -47,6 +47,7 @@ from .models import (
 )
 from .outputs import Delta, FinishReason, RapidOutput, RapidStats, RapidStream
 from .prefix_cache import PrefixCache
+from .schedule import GammaSchedule
 from .schedule_memory import ScheduleMemory, schedule_key
 from .tokens import Detokenizer, Prompt, encode_prompt, is_chat, stop_token_ids
 from .tools import ContentFilter, Tools, parse_calls, prepare_messages
@@ -390,9 +391,7 @@ class RapidEngine:
         if proposer:
             stats.draft_forward_passes = proposer.state.forward_passes
             stats.draft_forward_seconds = proposer.state.forward_seconds
-        if isinstance(proposer, LookupFirst):
-            stats.lookup_drafted_tokens = proposer.lookup_drafted
-            stats.lookup_accepted_tokens = proposer.lookup_accepted
+            stats.lookup_drafted_tokens, stats.lookup_accepted_tokens = proposer.lookup_counts
         if content is None:
             return RapidOutput(detok.text, detok.ids, finish, stats.finalize(), len(plan.ids))
         calls = parse_calls(detok.text)
