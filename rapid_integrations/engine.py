@@ -190,9 +190,10 @@ class RapidEngine:
         draft_tokenizer = load_tokenizer(draft_tokenizer, tokenizer_kwargs, "draft_tokenizer")
 
         self.target, loaded_tok = load_model(target, options)
-        self.tokenizer = tokenizer or loaded_tok
-        if self.tokenizer is None:
+        found = tokenizer or loaded_tok
+        if found is None:
             raise RapidInputError("no tokenizer found for the target model; pass tokenizer=")
+        self.tokenizer: PreTrainedTokenizerBase = found
         if self_draft:
             self.draft, draft_tok = self.target, None
         else:
@@ -334,7 +335,8 @@ class RapidEngine:
         limit = min(cfg.max_new_tokens, plan.window - len(plan.ids))
         target = self._start(plan.main, plan.ids, limit, cfg)
         stats.cached_prefix_tokens = target.reused_tokens
-        proposer, shaping = None, [self._constraints(plan, plan.main, "the model")]
+        proposer: Proposer | None = None
+        shaping = [self._constraints(plan, plan.main, "the model")]
         # A grammar ends on its stop tokens even under ignore_eos: nothing may follow it.
         eos = frozenset() if cfg.ignore_eos and not plan.grammar else self.eos_token_ids
         if plan.draft_ids is not None:
