@@ -42,4 +42,4 @@ bench-quick: setup
 	$(VENV)/bin/rapid bench --quick --out bench-out
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis

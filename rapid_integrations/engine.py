@@ -27,7 +27,7 @@ from .attention import use_rapid_attention
 from .call_options import ENGINE_RETRIEVER, CallOptions
 from .config import DRAFT_PRECISIONS, Mode, RapidConfig, check_choice
 from .constraints import Constraints
-from .drafting import GammaSchedule, LookupFirst, LookupProposer, ModelProposer, Proposer
+from .drafting import LookupFirst, LookupProposer, ModelProposer, Proposer
 from .errors import (
     ContextWindowExceededError,
     DeviceOutOfMemoryError,
@@ -48,6 +48,7 @@ from .models import (
 )
 from .outputs import Delta, FinishReason, RapidOutput, RapidStats, RapidStream
 from .prefix_cache import PrefixCache
+from .schedule import GammaSchedule
 from .schedule_memory import ScheduleMemory, schedule_key
 from .tokens import Detokenizer, Prompt, encode_prompt, is_chat, stop_token_ids
 from .tools import ContentFilter, Tools, parse_calls, prepare_messages
@@ -190,9 +191,10 @@ class RapidEngine:
         draft_tokenizer = load_tokenizer(draft_tokenizer, tokenizer_kwargs, "draft_tokenizer")
 
         self.target, loaded_tok = load_model(target, options)
-        self.tokenizer = tokenizer or loaded_tok
-        if self.tokenizer is None:
+        found = tokenizer or loaded_tok
+        if found is None:
             raise RapidInputError("no tokenizer found for the target model; pass tokenizer=")
+        self.tokenizer: PreTrainedTokenizerBase = found
         if self_draft:
             self.draft, draft_tok = self.target, None
         else:
@@ -341,7 +343,8 @@ class RapidEngine:
         limit = min(cfg.max_new_tokens, plan.window - len(plan.ids))
         target = self._start(plan.main, plan.ids, limit, cfg)
         stats.cached_prefix_tokens = target.reused_tokens
-        proposer, shaping = None, [self._constraints(plan, plan.main, "the model")]
+        proposer: Proposer | None = None
+        shaping = [self._constraints(plan, plan.main, "the model")]
         # A grammar ends on its stop tokens even under ignore_eos: nothing may follow it.
         eos = frozenset() if cfg.ignore_eos and not plan.grammar else self.eos_token_ids
         if plan.draft_ids is not None:
@@ -398,9 +401,7 @@ class RapidEngine:
         if proposer:
             stats.draft_forward_passes = proposer.state.forward_passes
             stats.draft_forward_seconds = proposer.state.forward_seconds
-        if isinstance(proposer, LookupFirst):
-            stats.lookup_drafted_tokens = proposer.lookup_drafted
-            stats.lookup_accepted_tokens = proposer.lookup_accepted
+            stats.lookup_drafted_tokens, stats.lookup_accepted_tokens = proposer.lookup_counts
         if content is None:
             return RapidOutput(detok.text, detok.ids, finish, stats.finalize(), len(plan.ids))
         calls = parse_calls(detok.text)

@@ -30,7 +30,8 @@ class BufferedLayer(DynamicLayer):
         self.length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Allocate the buffers [batch, kv_heads, capacity, head_dim] from the first states."""
+        """Allocate the buffers [batch, kv_heads, capacity, head_dim] from the first states
+        [batch, kv_heads, new, head_dim] (their dtype, device and head widths)."""
         super().lazy_initialization(key_states, value_states)
         shape = (*key_states.shape[:-2], self.capacity, key_states.shape[-1])
         self._k = key_states.new_empty(shape)

@@ -286,7 +286,7 @@ def load_model(
 
 def load_tokenizer(
     spec: Any, kwargs: Mapping[str, Any] | None = None, name: str = "tokenizer"
-) -> Any:
+) -> PreTrainedTokenizerBase | None:
     """`spec` as given when it is a tokenizer object (or None); loaded with
     `AutoTokenizer.from_pretrained(spec, **kwargs)` when it is a folder or hub id."""
     if not isinstance(spec, (str, os.PathLike)):

@@ -19,7 +19,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from .config import RapidConfig
-from .drafting import GammaSchedule
+from .schedule import GammaSchedule
 
 SCHEDULE_FIELDS = (
     "eta",

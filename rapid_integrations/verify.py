@@ -103,7 +103,11 @@ def _sampled(
     gamma = x.numel()
     p = logp.exp()  # [gamma + 1, V]
     rows = 0 if q is None else len(q)
-    ph = torch.cat([_augmented(logp[:rows], q, cfg, end_ids), p[rows:]]) if rows else p
+    ph = (
+        torch.cat([_augmented(logp[:rows], q, cfg, end_ids), p[rows:]])
+        if q is not None and rows
+        else p
+    )
     if not gamma:
         return 0, torch.multinomial(ph[0], 1, generator=gen)
     assert q is not None

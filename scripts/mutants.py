@@ -211,7 +211,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "schedule-ignores-copies",
         "the measured gamma prices a pass by its picks alone, blind to the copies they bring",
-        "rapid_integrations/drafting.py",
+        "rapid_integrations/schedule.py",
         "return gamma + min(gamma * per_pick, self._most_copies)",
         "return float(gamma)",
         ("tests/test_engine_adaptive.py::test_measured_gamma_counts_the_copies_a_pick_brings",),

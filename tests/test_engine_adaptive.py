@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine
-from rapid_integrations.drafting import GammaSchedule, LookupProposer, ModelProposer
+from rapid_integrations.drafting import LookupProposer, ModelProposer
 from rapid_integrations.kv import KVState
+from rapid_integrations.schedule import GammaSchedule
 from tests import oracle
 from tests.test_engine_distribution import assert_follows
 from tests.test_engine_exact import random_prompts

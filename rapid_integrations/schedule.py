@@ -1,0 +1,265 @@
+"""The gamma schedule (docs/algorithm.md section 2.9): how many drafts the proposer is asked
+for on each pass, and, for a measured schedule, the cost model it is chosen by.
+
+`GammaSchedule` is the rule (fixed, transformers' heuristic, or measured, and the payoff
+stop of `speculate_min_context="auto"`); `PassCosts` is what a call's own passes measured
+(seconds and the acceptance curve). `ScheduleMemory` (schedule_memory.py) carries a measured
+schedule from one call to the next.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .config import RapidConfig
+
+
+class PassCosts:
+    """What a call's own passes measured (seconds), for `GammaSchedule`.
+
+    plain_step: the first pass, the target alone reading one token; a draft forward pass's
+    seconds and what a copy adds to it (`draft_costs`); the verify pass's seconds over the
+    plain step as a line in its drafts (`verify_line`); the tokens and seconds of all drafting
+    passes (`realized_speedup`); how many copies the draft kept per pick (docs/algorithm.md
+    section 2.10); and the acceptance curve of recent drafts, copies included (they are
+    distributed as the draft's own): for each draft index j, how often a pass reached its
+    j-th draft and how often it was rejected there. Each verdict (a kept
+    draft, or the rejection) and each copy weighs `DECAY` times less per later verdict.
+    Acceptance comes in runs on real text (a pass is kept whole or cut early), which a single
+    per-draft rate under-counts: at 8K, gamma 8 kept 113 of 119 drafts, 8.5 tokens a pass,
+    where the rate's (1 - a^9) / (1 - a) says 7.0.
+    """
+
+    DECAY = 0.97
+    """Weight lost per later verdict: acceptance follows the text being written, over about
+    the last 1 / (1 - DECAY) = 33 drafts whatever gamma is (a decay per pass would remember
+    fewer drafts at a small gamma, read a lower acceptance there and keep gamma small)."""
+
+    MIN_SPREAD = 2.0
+    """Drafts by which the passes' widths must spread (standard deviation) before the verify
+    line gets an offset of its own: a line through passes of nearly one width is noise."""
+
+    PRIOR_PASSES = 4.0
+    """Pseudo-passes at the pooled rejection rate behind each draft index's own rate: one
+    rejection among the few passes that reached an index (at 8K, draft 5 of 3 passes) would
+    otherwise read as a rate near 1/3 there, and gamma would stay below it for the rest of the
+    call, as no later pass reaches that index to correct it."""
+
+    def __init__(self, gamma_max: int, lookup_tokens: int = 0) -> None:
+        self.plain_step: float | None = None
+        self._most_copies = lookup_tokens  # copies one proposal may hold
+        self._passes, self._drafted, self._copied, self._draft_passes = 0, 0, 0, 0
+        self._recent_copies, self._recent_picks = 0.0, 0.0  # decayed as the curve
+        self._draft_seconds, self._verify_extra = 0.0, 0.0
+        self._bare_seconds, self._bare_passes = 0.0, 0  # draft seconds, forwards without copies
+        self._drafted_sq, self._cross = 0.0, 0.0  # sums of k^2 and k y (`verify_line`)
+        self._emitted = 0  # tokens the drafting passes emitted
+        size = gamma_max + lookup_tokens  # the most drafts a pass holds
+        self._reached = [0.0] * size  # decayed passes that reached draft j
+        self._rejected = [0.0] * size  # decayed passes that rejected draft j
+
+    def record(
+        self,
+        drafted: int,
+        accepted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        draft_passes: int | None = None,
+        copied: int = 0,
+    ) -> None:
+        """A pass that drafted `drafted` tokens (0: the plain step), `copied` of them copies
+        the draft kept, and kept `accepted`, in `draft_passes` forward passes of the draft
+        (default: one per pick)."""
+        if self.plain_step is None or not drafted:
+            # A plain step's draft seconds (the q of section 2.7) are not the target's.
+            self.plain_step = self.plain_step or verify_seconds
+            return
+        self._passes += 1
+        self._drafted += drafted
+        self._copied += copied
+        forwards = drafted - copied if draft_passes is None else draft_passes
+        self._draft_passes += forwards
+        self._draft_seconds += draft_seconds
+        if not copied:
+            self._bare_seconds += draft_seconds
+            self._bare_passes += forwards
+        self._verify_extra += verify_seconds - self.plain_step
+        self._drafted_sq += drafted**2
+        self._cross += drafted * (verify_seconds - self.plain_step)
+        self._emitted += accepted + 1
+        rejected = int(accepted < drafted)
+        fade = self.DECAY ** (accepted + rejected)
+        self._reached = [fade * r + (j < accepted + rejected) for j, r in enumerate(self._reached)]
+        self._rejected = [
+            fade * r + (j == accepted < drafted) for j, r in enumerate(self._rejected)
+        ]
+        self._recent_copies = fade * self._recent_copies + copied
+        self._recent_picks = fade * self._recent_picks + drafted - copied
+
+    def expected_drafts(self, gamma: int) -> float:
+        """Drafts a pass of `gamma` picks is expected to hold: the picks, and per pick the
+        copies recent picks brought (each pick is followed by a lookup), at most the copies
+        one proposal may hold."""
+        per_pick = self._recent_copies / max(1.0, self._recent_picks)
+        return gamma + min(gamma * per_pick, self._most_copies)
+
+    def expected_tokens(self, drafts: float) -> float:
+        """Tokens a pass of `drafts` drafts is expected to emit: 1 + the sum over j < drafts
+        of the chance that drafts 0..j are all kept (a fraction of a draft counts its
+        share). Draft j is rejected at rate (rejections at j + w h) / (passes reaching j + w):
+        w = `PRIOR_PASSES` pseudo-passes at the pooled rate h = (all rejections + 1/2) / (all
+        verdicts + 1), which is what an index never reached gets."""
+        pooled = (sum(self._rejected) + 0.5) / (sum(self._reached) + 1)
+        w = self.PRIOR_PASSES
+        tokens, kept = 1.0, 1.0
+        for j in range(min(math.ceil(drafts), len(self._reached))):
+            kept *= 1 - (self._rejected[j] + w * pooled) / (self._reached[j] + w)
+            tokens += kept * min(1.0, drafts - j)
+        return tokens
+
+    def verify_line(self) -> tuple[float, float]:
+        """(v, s) seconds: a verify pass of k drafts is expected to take the plain step + v +
+        k s. The least-squares line through the drafting passes' (k, verify seconds - plain
+        step); through 0 (v = 0) when their widths spread by less than `MIN_SPREAD` drafts or
+        the line's v or s is negative (a verify pass that grows faster than linearly, as at
+        32K). Why a line: a verify pass's cost jumps from 1 token to a few, then grows slowly
+        (fp32 at 4K: 54, 90, 103, 138 ms for 1, 9, 17, 33 tokens), so a slope through 0 priced
+        every draft beyond the first few at 2.5 times its cost and kept gamma short."""
+        n, k, y = self._passes, self._drafted, self._verify_extra
+        spread = self._drafted_sq / n - (k / n) ** 2
+        through_zero = (0.0, max(0.0, y) / k)
+        if spread < self.MIN_SPREAD**2:
+            return through_zero
+        slope = (self._cross / n - k * y / n**2) / spread
+        offset = (y - slope * k) / n
+        return through_zero if min(offset, slope) < 0 else (offset, slope)
+
+    def draft_costs(self) -> tuple[float, float]:
+        """(f, c) seconds: a draft forward pass, timed in passes without copies (all passes
+        before there is one), and what each copy adds to the forward pass that reads it: the
+        draft seconds beyond f per forward pass, over the copies. A forward pass that reads
+        copies costs more (fp32 at 4K: 44-54 ms against 35 ms), which an average over all
+        passes charged to every pick, and the measured gamma expected 0.9x where it ran
+        1.05x."""
+        total = self._draft_seconds / max(1, self._draft_passes)
+        forward = self._bare_seconds / self._bare_passes if self._bare_passes else total
+        beyond = max(0.0, self._draft_seconds - forward * self._draft_passes)
+        return forward, beyond / self._copied if self._copied else 0.0
+
+    def pass_seconds(self, gamma: int) -> float:
+        """Expected seconds of a pass of `gamma` picks: the plain step, per pick a draft
+        forward pass and per expected copy its share of one (`draft_costs`), the verify
+        pass's line in its drafts (copies too, `verify_line`), and the draft forward passes a
+        pass makes beyond its picks (the bonus row's, docs/algorithm.md section 2.7)."""
+        assert self.plain_step is not None and self._drafted
+        forward, per_copy = self.draft_costs()
+        offset, slope = self.verify_line()
+        picks = self._drafted - self._copied
+        extra = max(0, self._draft_passes - picks) / self._passes
+        drafts = self.expected_drafts(gamma)
+        draft = (gamma + extra) * forward + (drafts - gamma) * per_copy
+        return self.plain_step + draft + offset + drafts * slope
+
+    def speedup(self, gamma: int) -> float:
+        """Expected tokens per second of passes of `gamma` picks, over the plain step's."""
+        assert self.plain_step is not None
+        tokens = self.expected_tokens(self.expected_drafts(gamma))
+        return tokens * self.plain_step / self.pass_seconds(gamma)
+
+    def realized_speedup(self) -> float:
+        """Tokens per second the drafting passes emitted, over the plain step's (1.0 before
+        any): what speculation has paid so far, whatever the model expects next."""
+        assert self.plain_step is not None
+        seconds = self._draft_seconds + self._verify_extra + self._passes * self.plain_step
+        return self._emitted * self.plain_step / seconds if self._passes else 1.0
+
+    def best_gamma(self, gamma_max: int) -> int:
+        """The gamma in [1, gamma_max] with the most expected tokens per second."""
+        return max(range(1, gamma_max + 1), key=self.speedup)
+
+
+class GammaSchedule:
+    """How many drafts to ask for on the next pass (docs/algorithm.md section 2.9).
+
+    `adaptive_gamma`: False, fixed `gamma`; True, transformers' heuristic: +2 after a pass
+    that drafted and accepted all it asked for, -1 after a rejection, within [1, gamma_max]
+    (a pass whose drafter stopped early and was accepted whole leaves it unchanged);
+    "measured", after every drafting pass the gamma of `PassCosts.best_gamma`.
+
+    With `speculate_min_context="auto"` or a measured gamma the first pass is a plain target
+    step (no drafts), timed. With "auto", after `PAYOFF_PASSES` model-drafting passes the call
+    stops drafting (gamma 0 for good: plain target steps, no copies) once, after each of its last
+    `PAYOFF_PASSES` drafting passes, the gamma it would draft next was expected to emit fewer
+    tokens per second than plain steps (`PassCosts.speedup` below `LOSING_SPEEDUP`), and the
+    drafting passes so far did too (`PassCosts.realized_speedup`): speculation that loses on
+    this device at this length costs a few passes, not the whole call, and a bad stretch of
+    text after passes that paid does not end it.
+    """
+
+    PAYOFF_PASSES = 4
+    """Drafting passes in a row expected to lose before drafting stops: one pass's tokens
+    vary too much."""
+
+    LOSING_SPEEDUP = 0.95
+    """A pass is expected to lose below this speedup over plain steps, not below 1: the
+    expectation rests on one timed plain step and a few passes, and where speculation gains
+    little at best (2K on this CPU, about 1.1x) it hovers near 1 (traced: 0.99-1.07 over a
+    call's last passes): a call stopped for good there that fixed gamma 8 ran 1.16x faster
+    (`rapid bench --long`). Speculation expected to lose less than this runs on."""
+
+    def __init__(self, config: RapidConfig) -> None:
+        self._rule = config.adaptive_gamma
+        self._max = config.gamma_max
+        self._gamma = min(config.gamma, self._max) if self._rule else config.gamma
+        self._auto = config.speculate_min_context == "auto"
+        self._timed = self._auto or self._rule == "measured"
+        self.costs = PassCosts(self._max, config.lookup_tokens if config.lookup_ngram else 0)
+        self._losing = 0  # model-drafting passes in a row expected to lose
+        self.stopped = False  # speculation measured slower than the target alone
+
+    @property
+    def measures(self) -> bool:
+        """Whether passes are timed: what a later call may start from (`ScheduleMemory`)."""
+        return self._timed
+
+    @property
+    def drafting(self) -> bool:
+        """False while the plain step is still to be timed: that pass proposes nothing."""
+        return not (self._timed and self.costs.plain_step is None)
+
+    @property
+    def gamma(self) -> int:
+        """Drafts the model may propose next (0: none; copies may still be proposed)."""
+        return 0 if self.stopped or not self.drafting else self._gamma
+
+    def update(
+        self,
+        asked: int,
+        drafted: int,
+        accepted: int,
+        draft_seconds: float = 0.0,
+        verify_seconds: float = 0.0,
+        draft_passes: int | None = None,
+        copied: int = 0,
+    ) -> None:
+        """After a pass that asked for `asked` model picks, got `drafted` drafts (`copied` of
+        them copies the draft kept, section 2.10) and accepted `accepted` (emitting accepted +
+        1 tokens), drafting for `draft_seconds` in `draft_passes` forward passes of the draft
+        (default: one per pick) and verifying (the target pass and the verdict) for
+        `verify_seconds` of wall time."""
+        if self._timed:
+            drafts, copies = (drafted, copied) if asked else (0, 0)
+            self.costs.record(drafts, accepted, draft_seconds, verify_seconds, draft_passes, copies)
+        if not (asked and drafted):
+            return
+        if self._rule == "measured":
+            self._gamma = self.costs.best_gamma(self._max)
+        elif self._rule and accepted < drafted:
+            self._gamma = max(1, self._gamma - 1)
+        elif self._rule and drafted - copied == asked:
+            self._gamma = min(self._max, self._gamma + 2)
+        # A pass expected to lose lengthens the losing streak; one expected to pay ends it.
+        losing = self._auto and self.costs.speedup(self._gamma) < self.LOSING_SPEEDUP
+        self._losing = self._losing + 1 if losing else 0
+        streak = self._losing >= self.PAYOFF_PASSES
+        self.stopped = streak and self.costs.realized_speedup() < self.LOSING_SPEEDUP
