@@ -98,10 +98,7 @@ def exit_code(exc: RapidError) -> int:
 
 def _explain(exc: RapidError) -> str:
     if isinstance(exc, ContextWindowExceededError):
-        return (
-            f"{exc}\nrapid: hint: pass --truncation head_tail to keep the document's head and "
-            "tail, or --model a model with a longer window"
-        )
+        return f"{exc}\nrapid: hint: or --model a model with a longer window"
     return str(exc)
 
 
