@@ -6,7 +6,6 @@ Public names only; heavy modules (torch, transformers) load on first use.
 from __future__ import annotations
 
 import importlib
-import logging
 from typing import TYPE_CHECKING, Any
 
 from .call_options import CallOptions
@@ -24,12 +23,10 @@ from .errors import (
     VocabularyMismatchError,
 )
 from .outputs import Delta, RapidOutput, RapidStats, RapidStream
+from .quiet import install as _quiet_start
 from .tools import ToolCall
 
-# With torchao installed (extra `quant`), transformers imports it with its models, and torchao
-# logs a warning for each optional CUDA kernel it cannot load; without a handler of the
-# application's, Python would print them to stderr on every CPU-only run.
-logging.getLogger("torchao").addHandler(logging.NullHandler())
+_quiet_start()  # third-party warnings off stderr unless asked for (quiet.py)
 
 if TYPE_CHECKING:
     from .engine import RapidEngine

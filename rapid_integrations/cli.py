@@ -98,10 +98,7 @@ def exit_code(exc: RapidError) -> int:
 
 def _explain(exc: RapidError) -> str:
     if isinstance(exc, ContextWindowExceededError):
-        return (
-            f"{exc}\nrapid: hint: pass --truncation head_tail to keep the document's head and "
-            "tail, or --model a model with a longer window"
-        )
+        return f"{exc}\nrapid: hint: or --model a model with a longer window"
     return str(exc)
 
 
@@ -317,13 +314,15 @@ def build_engine(args: argparse.Namespace) -> RapidEngine:
     """The engine the options describe: --model/--draft, else the embedded default."""
     from .engine import RapidEngine
     from .models import default_model_dir, ensure_default_model
+    from .quiet import loading_bars
 
     fields = config_overrides(args)
     if args.model:
         config = RapidConfig().replace(**fields)
-        return RapidEngine(
-            args.model, args.draft, config=config, device=args.device, dtype=args.dtype
-        )
+        with loading_bars(args.progress):  # a named model may take a while to load
+            return RapidEngine(
+                args.model, args.draft, config=config, device=args.device, dtype=args.dtype
+            )
     if not (default_model_dir() / "config.json").is_file():
         print("rapid: converting the embedded model once (about 20 s)...", file=sys.stderr)
         ensure_default_model(progress=args.progress)

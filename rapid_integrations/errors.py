@@ -19,6 +19,18 @@ class RapidInputError(RapidError, ValueError):
     """A prompt, message list or argument the engine cannot use (empty, wrong type, bad role)."""
 
 
+WINDOW_REMEDIES = """
+To read a longer document, put only its relevant passages in the prompt (a retriever or query
+engine in front of the model; mode 'rapid' already gives the draft a retrieved context C^S of
+the prompt, docs/retrieval.md), or keep the prompt's head and tail with truncation='head_tail':
+  engine:     engine.generate(prompt, truncation='head_tail'), or RapidConfig(truncation=...)
+  LangChain:  ChatRapid(rapid_config={'truncation': 'head_tail'}), or .invoke(..., truncation=...)
+  LlamaIndex: RapidLLM(rapid_config={'truncation': 'head_tail'}), or .complete(..., truncation=...)
+  server:     extra_body={'truncation': 'head_tail'} (a top-level field of the request)
+  CLI:        rapid ask/chat --truncation head_tail"""
+"""Where `truncation` goes in each entry point, appended to `ContextWindowExceededError`."""
+
+
 class ContextWindowExceededError(RapidError):
     """A prompt longer than the model's context window (sizes in tokens).
 
@@ -30,8 +42,8 @@ class ContextWindowExceededError(RapidError):
     def __init__(self, prompt_tokens: int, context_window: int, model: str = "target") -> None:
         super().__init__(
             f"the {model} prompt has {prompt_tokens} tokens but the {model} model's context "
-            f"window is {context_window} tokens (at least one token must be left to generate); "
-            "shorten the prompt or pass truncation='head_tail' to keep its head and tail"
+            f"window is {context_window} tokens (at least one token must be left to generate)."
+            + WINDOW_REMEDIES
         )
         self.prompt_tokens = prompt_tokens
         self.context_window = context_window

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .config import DRAFT_COPIES, DTYPES, check_choice, one_of
 from .errors import ModelNotFoundError, RapidConfigError
+from .quiet import loading_bars
 
 if TYPE_CHECKING:
     import torch
@@ -86,17 +87,16 @@ def ensure_default_model(progress: bool = True) -> Path:
 
 
 def _load_gguf(
-    path: Path, progress: bool = True, model_kwargs: Mapping[str, Any] | None = None
+    path: Path, progress: bool | None = None, model_kwargs: Mapping[str, Any] | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """`progress`: transformers' bars while de-quantizing (None: `quiet.loading_bars`' rule)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    if not progress:
-        hf_logging.disable_progress_bar()
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, **(model_kwargs or {})
-    )
+    with loading_bars(progress):
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, **(model_kwargs or {})
+        )
     return model, tokenizer
 
 
@@ -273,7 +273,8 @@ def load_model(
         raise ModelNotFoundError(f"model folder not found: {path}")
     source = str(path) if path.is_dir() else str(spec)
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        with loading_bars():
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except OSError as exc:
         raise ModelNotFoundError(
             f"could not load model {spec!r}: {exc}. Pass a local folder, a .gguf file or a "
@@ -490,7 +491,8 @@ def default_embedder(device: str | None = None) -> SentenceTransformer:
     """The bundled sentence-transformers all-MiniLM-L6-v2, loaded offline."""
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(default_embedder_path()), device=device or "cpu")
+    with loading_bars():
+        return SentenceTransformer(str(default_embedder_path()), device=device or "cpu")
 
 
 if __name__ == "__main__":

@@ -132,6 +132,25 @@ def test_prompt_over_the_window_names_both_sizes(engine: RapidEngine, entry: str
     assert caught.value.prompt_tokens > 512 and caught.value.context_window == 512
 
 
+def test_the_window_error_names_where_truncation_goes_and_each_named_form_works(
+    engine: RapidEngine,
+) -> None:
+    long = "abc " * 200
+    with pytest.raises(ContextWindowExceededError) as caught:
+        engine.generate(long)
+    message = str(caught.value)
+    for form in ("RapidConfig(", "rapid_config=", "extra_body=", "--truncation head_tail"):
+        assert form in message
+    assert "retriev" in message and "docs/retrieval.md" in message
+    # The constructor forms it names (the per-call ones: the test below): none raises.
+    head_tail = {"truncation": "head_tail"}
+    ChatRapid(engine=engine, rapid_config=head_tail).invoke(long)
+    LlamaIndexLLM(engine=engine, rapid_config=head_tail).complete(long)
+    RapidEngine(engine.target, engine.draft, engine.tokenizer, RapidConfig(**head_tail)).generate(
+        long
+    )
+
+
 @every_entry_point
 def test_head_tail_truncation_fits_the_window(engine: RapidEngine, entry: str) -> None:
     _, stats = ENTRY_POINTS[entry](engine, "abc " * 200, truncation="head_tail")

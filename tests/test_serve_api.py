@@ -241,7 +241,8 @@ GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "a cab"}], "max
         ({**GOOD, "gamma": 0}, 422, "gamma", "invalid_value"),
         ({**GOOD, "temperature": -1}, 422, "temperature", "invalid_value"),
         ({**GOOD, "top_p": 0}, 422, "top_p", "invalid_value"),
-        ({**GOOD, "max_tokens": 0}, 422, "max_new_tokens", "invalid_value"),
+        ({**GOOD, "max_tokens": 0}, 422, "max_tokens", "invalid_value"),
+        ({**GOOD, "max_completion_tokens": 0}, 422, "max_completion_tokens", "invalid_value"),
         ({**GOOD, "mode": "turbo"}, 422, "mode", "invalid_value"),
         ({**GOOD, "max_tokens": "many"}, 422, "max_tokens", "invalid_value"),
         ({**GOOD, "messages": "hello"}, 422, "messages", "invalid_value"),
@@ -252,7 +253,7 @@ GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "a cab"}], "max
         ({**GOOD, "collection": "nope"}, 404, "collection", "collection_not_found"),
         (
             {**GOOD, "messages": [{"role": "user", "content": "a " * 600}]},
-            413,
+            400,
             None,
             "context_length_exceeded",
         ),
@@ -293,11 +294,11 @@ def test_sdk_raises_its_own_errors_with_the_message(client: openai.OpenAI) -> No
         client.chat.completions.create(model=MODEL, messages=CHAT, extra_body={"gamma": 100})
     with pytest.raises(openai.NotFoundError, match="tiny"):
         client.chat.completions.create(model="gpt-4o", messages=CHAT)
-    with pytest.raises(openai.APIStatusError) as info:
+    with pytest.raises(openai.BadRequestError, match="extra_body") as info:
         client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "a " * 600}]
         )
-    assert info.value.status_code == 413
+    assert info.value.code == "context_length_exceeded"
 
 
 def test_completion_with_a_collection(

@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_CACHE_SIZE = 65_536
 """Cached vectors per embedder: 65,536 x 384 float32 (MiniLM) is about 100 MB."""
-PROGRESS_MIN_TEXTS = 8 * DEFAULT_BATCH_SIZE
-"""Show a progress bar when at least this many texts must be encoded (a long document)."""
 
 
 @runtime_checkable
@@ -45,8 +43,8 @@ class SentenceTransformerEmbedder:
     model: a loaded `SentenceTransformer`, a hub name or local path, or None for the bundled
     all-MiniLM-L6-v2. Texts longer than the model's `max_seq_length` (256 word pieces for
     MiniLM) are truncated by the model; `FaissContextRetriever` therefore embeds chunks in
-    windows that fit. Encoding is batched (`batch_size` texts per forward pass) and shows a
-    progress bar for long documents (`show_progress=None`: from `PROGRESS_MIN_TEXTS` texts).
+    windows that fit. Encoding is batched (`batch_size` texts per forward pass), without a
+    progress bar unless `show_progress=True` (a server encodes on every request: no bars).
     """
 
     def __init__(
@@ -56,7 +54,7 @@ class SentenceTransformerEmbedder:
         batch_size: int = DEFAULT_BATCH_SIZE,
         device: str = "cpu",
         cache_size: int = DEFAULT_CACHE_SIZE,
-        show_progress: bool | None = None,
+        show_progress: bool = False,
     ) -> None:
         self._model_spec = model
         self._device = device
@@ -90,13 +88,10 @@ class SentenceTransformerEmbedder:
         return np.stack([found[key] for key in keys])
 
     def _encode(self, texts: dict[bytes, str]) -> dict[bytes, np.ndarray]:
-        progress = self.show_progress
-        if progress is None:
-            progress = len(texts) >= PROGRESS_MIN_TEXTS
         vectors = self.model.encode(
             list(texts.values()),
             batch_size=self.batch_size,
-            show_progress_bar=progress,
+            show_progress_bar=self.show_progress,
             convert_to_numpy=True,
             normalize_embeddings=True,
         ).astype(np.float32, copy=False)
@@ -115,13 +110,16 @@ def _digest(text: str) -> bytes:
 def _load_model(spec: Any, device: str) -> SentenceTransformer:
     from sentence_transformers import SentenceTransformer
 
+    from ..quiet import loading_bars
+
     if isinstance(spec, SentenceTransformer):
         return spec
     if spec is None:
         from ..models import default_embedder_path
 
         spec = default_embedder_path()
-    return SentenceTransformer(str(spec), device=device)
+    with loading_bars():
+        return SentenceTransformer(str(spec), device=device)
 
 
 def get_embedder(spec: EmbedderSpec = None) -> Embedder:

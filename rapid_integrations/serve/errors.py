@@ -2,8 +2,9 @@
 
 Every error body is `{"error": {"message", "type", "param", "code"}}` (what the `openai` SDK
 parses into `APIStatusError`). Statuses: 400 a malformed request (bad JSON, an unknown field,
-an unsupported option, an unusable prompt); 401 a missing or wrong API key; 404 an unknown
-model, collection or route; 413 a prompt over the model's window; 422 a well-formed request
+an unsupported option, an unusable prompt) and a prompt over the model's window (code
+`context_length_exceeded`, as OpenAI and vLLM answer: the SDK's `BadRequestError`); 401 a
+missing or wrong API key; 404 an unknown model, collection or route; 422 a well-formed request
 with an invalid value (names the field in `param`); 429 the queue is full (with `Retry-After`);
 503 out of memory or shutting down; 504 the request timed out; 500 anything else.
 """
@@ -74,7 +75,7 @@ def classify(exc: BaseException) -> ServeError:
     if isinstance(exc, ServeError):
         return exc
     if isinstance(exc, ContextWindowExceededError):
-        return ServeError(413, str(exc), code="context_length_exceeded")
+        return ServeError(400, str(exc), code="context_length_exceeded")
     if isinstance(exc, RapidConfigError):
         return ServeError(422, str(exc), param=exc.field, code="invalid_value")
     if isinstance(exc, RapidInputError) or (

@@ -75,7 +75,8 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str
-    max_tokens: int | None = None
+    # Checked here, so that a refusal names the client's field, not the engine's max_new_tokens.
+    max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = None
     top_p: float | None = None
     stop: str | list[str] | None = None
@@ -110,7 +111,7 @@ class _Request(BaseModel):
 
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None

@@ -113,9 +113,11 @@ def run(args: argparse.Namespace) -> int:
         from .ray_app import serve_on_ray
 
         return serve_on_ray(settings, args)
+    from ..quiet import loading_bars
     from .app import create_app
 
-    engine = settings.load_engine()
+    with loading_bars(args.progress if settings.model else None):  # a named model: a wait
+        engine = settings.load_engine()
     app = create_app(engine, settings)
     print(
         f"rapid: serving {settings.served_model_name!r} ({engine.model_name}) on "

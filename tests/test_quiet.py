@@ -1,0 +1,55 @@
+"""A quiet start: `rapid --help`, importing the engine and building one print nothing of other
+libraries' on stderr, and the documented switch (quiet.py) brings their output back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTREE_NOISE = "is an Enum subclass"
+
+BUILD = """
+import logging, sys
+if sys.argv[1] == "debug":
+    logging.getLogger("rapid_integrations").setLevel(logging.DEBUG)
+from rapid_integrations.engine import RapidEngine
+engine = RapidEngine.from_default()
+document = " ".join(f"Fact {i}: the code word of box {i} is w{i * 7}." for i in range(80))
+out = engine.generate(document + "\\nWhat is the code word of box 3?", max_new_tokens=4)
+assert out.stats.retrieved_tokens > 0  # the embedder loaded and encoded
+"""
+
+
+def _stderr(*command: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    env.pop("TQDM_DISABLE", None)
+    done = subprocess.run(
+        command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300, check=True
+    )
+    return done.stderr
+
+
+def test_rapid_help_and_importing_the_engine_print_nothing():
+    rapid = str(Path(sys.executable).with_name("rapid"))
+    for args in ([], ["ask"], ["serve"]):
+        assert _stderr(rapid, *args, "--help") == ""
+    assert _stderr(sys.executable, "-c", "import rapid_integrations.engine") == ""
+
+
+def test_the_logger_at_debug_brings_the_third_party_warnings_back():
+    code = "import logging; logging.getLogger('rapid_integrations').setLevel(logging.DEBUG)\n"
+    code += "import rapid_integrations.engine, transformers.quantizers"
+    assert PYTREE_NOISE in _stderr(sys.executable, "-c", code)
+
+
+@pytest.mark.slow
+def test_building_the_default_engine_and_a_rapid_call_print_nothing(smol):
+    # A long document: the draft reads it through retrieval, so the embedder loads and encodes.
+    assert _stderr(sys.executable, "-c", BUILD, "quiet") == ""
+    loud = _stderr(sys.executable, "-c", BUILD, "debug")
+    assert PYTREE_NOISE in loud and "Loading weights" in loud
