@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,18 +17,15 @@ import pytest
 from openai.lib._pydantic import to_strict_json_schema
 
 from rapid_integrations.grammar import Grammar
+from tests import test_serve_tools
 from tests.serve_fixtures import MODEL, LiveServer, live_server
-from tests.test_serve_tools import (  # noqa: F401 (json_model_dir, engine_output: fixtures)
-    CHAT,
-    SCHEMA,
-    TOOLS,
-    WEATHER,
-    Answer,
-    EngineOutput,
-    engine_calls,
-    engine_output,
-    json_model_dir,
-)
+from tests.test_serve_tools import CHAT, SCHEMA, TOOLS, WEATHER, Answer, EngineOutput, engine_calls
+
+# The tiny JSON model, its in-process outputs and its live server: the chat tool tests' fixtures.
+json_model_dir = test_serve_tools.json_model_dir
+engine_output = test_serve_tools.engine_output
+server = test_serve_tools.server  # a live server over it, with an openai SDK client
+client = test_serve_tools.client
 
 FLAT_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
 """The chat tools in the Responses API's flat shape."""
@@ -51,17 +47,6 @@ CALL_EVENTS = [
     "response.function_call_arguments.done",
     "response.output_item.done",
 ]
-
-
-@pytest.fixture(scope="module")
-def server(json_model_dir: Any) -> Iterator[LiveServer]:
-    with live_server(json_model_dir) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def client(server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
 def post(server: LiveServer, body: dict[str, Any]) -> httpx.Response:
@@ -408,11 +393,9 @@ def test_langchain_bind_tools_round_trip_over_the_responses_api(
         CHAT, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, max_new_tokens=100
     )
     message = bound.invoke("weather in paris")
-    assert [(c["name"], c["args"]) for c in message.tool_calls] == engine_calls(expected)
-    streamed = AIMessageChunk(content="")
-    for part in bound.stream("weather in paris"):
-        streamed += part
-    assert [(c["name"], c["args"]) for c in streamed.tool_calls] == engine_calls(expected)
+    streamed = sum(bound.stream("weather in paris"), AIMessageChunk(content=""))
+    for got in (message, streamed):  # the call whole, and merged from the stream's chunks
+        assert [(c["name"], c["args"]) for c in got.tool_calls] == engine_calls(expected)
     (call,) = message.tool_calls
     result = ToolMessage("sunny", tool_call_id=call["id"])
     answer = llm.bind_tools([WEATHER], tool_choice="none").invoke(
@@ -427,3 +410,46 @@ def test_langchain_bind_tools_round_trip_over_the_responses_api(
     ]
     after = engine_output(messages, tools=[WEATHER], tool_choice="none", max_new_tokens=100)
     assert answer.text == after.text
+
+
+# ---- docs ---------------------------------------------------------------------------------------
+
+DOC_SECTION = "The Responses API (`POST /v1/responses`)"
+
+
+def test_the_serving_docs_example_runs_as_written(
+    json_model_dir: Any, engine_output: EngineOutput
+) -> None:
+    """docs/serving.md's Responses API example, run as written against a live server serving
+    the tiny JSON model as "rapid" (its URL swapped in)."""
+    from tests.doc_examples import DOCS, python_sections
+
+    code = dict(python_sections(DOCS / "serving.md"))[DOC_SECTION]
+    assert 'base_url="http://127.0.0.1:8000/v1"' in code and 'model="rapid"' in code
+    with live_server(json_model_dir, served_model_name="rapid") as live:
+        ns: dict[str, Any] = {}
+        exec(compile(code.replace("http://127.0.0.1:8000", live.url), DOC_SECTION, "exec"), ns)
+    system = {"role": "system", "content": "Answer in one sentence."}
+    asked = [system, {"role": "user", "content": "What does RAPID stand for?"}]
+    greedy = engine_output(asked, max_new_tokens=64, temperature=0.0, eta=3.0, gamma=8)
+    assert ns["response"].output_text == greedy.text
+    assert ns["response"].usage.rapid["gamma"] == 8
+    assert ns["final"].status in ("completed", "incomplete") and ns["final"].usage
+    call = ns["call"]
+    assert call.name == "get_weather" and "city" in json.loads(call.arguments)
+    function = {"name": call.name, "arguments": call.arguments}
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": call.call_id, "function": function}],
+        },
+        {"role": "tool", "tool_call_id": call.call_id, "content": "sunny, 21 C"},
+    ]
+    weather = {
+        "type": "function",
+        "function": {k: v for k, v in ns["weather"].items() if k != "type"},
+    }
+    prompt = engine_output(messages, tools=[weather], max_new_tokens=1)
+    assert ns["answer"].usage.input_tokens == prompt.prompt_tokens
