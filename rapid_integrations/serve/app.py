@@ -2,6 +2,7 @@
 
     POST /v1/chat/completions   chat, streamed over SSE with stream=true
     POST /v1/completions        plain-text prompts (or token ids)
+    POST /v1/responses          the Responses API (stateless), streamed as its events
     GET  /v1/models             the served model
     GET  /metrics               Prometheus text format
     GET  /health                liveness; the only route open without the API key
@@ -31,7 +32,7 @@ from sse_starlette import EventSourceResponse
 
 from ..aio import aiter_in_thread
 from ..engine import RapidEngine
-from ..outputs import RapidOutput
+from ..outputs import Delta, RapidOutput
 from .calls import (
     FINISH_REASONS,
     EngineCall,
@@ -45,8 +46,9 @@ from .calls import (
 from .collection import Collection
 from .errors import ServeError, classify, install_error_handlers
 from .metrics import Metrics, RequestCounter
+from .responses import ResponseEvents, response_object, responses_call
 from .scheduler import Lease, SequenceQueue
-from .schemas import ChatCompletionRequest, CompletionRequest
+from .schemas import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 from .settings import ServeSettings, process_replica_id
 
 _T = TypeVar("_T")
@@ -115,6 +117,10 @@ def create_app(
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await _answer(server, completion_call(body, server.collections), request)
 
+    @router.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        return await _answer(server, responses_call(body, server.collections), request)
+
     @router.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -165,15 +171,15 @@ async def _answer(server: _Server, call: EngineCall, request: Request) -> Respon
             await run.close()
 
 
-def _decode(server: _Server, call: EngineCall) -> Iterator[str | RapidOutput | None]:
-    """Worker thread: None once the call is planned, then text deltas, then the output.
+def _decode(server: _Server, call: EngineCall) -> Iterator[Delta | RapidOutput | None]:
+    """Worker thread: None once the call is planned, then the deltas, then the output.
     Closing it (the consumer left) closes the engine stream, freeing its caches."""
     server.metrics.open_streams.inc()
     try:
         engine = server.engine
         with engine.stream(call.prompt, options=call.options) as stream:
             yield None
-            yield from stream
+            yield from stream.deltas()
             yield stream.output
     finally:
         server.metrics.open_streams.dec()
@@ -207,8 +213,8 @@ class _Run:
         assert self.events is not None
         await self.within_deadline(anext(self.events))
 
-    async def deltas(self) -> AsyncIterator[str | RapidOutput]:
-        """Text deltas, then the `RapidOutput`; the slot and the stream are released at the end
+    async def deltas(self) -> AsyncIterator[Delta | RapidOutput]:
+        """The `Delta`s, then the `RapidOutput`; the slot and the stream are released at the end
         however it ends (done, failed, timed out, cancelled by a disconnect)."""
         assert self.events is not None and self.lease is not None
         metrics = self.server.metrics
@@ -238,6 +244,8 @@ class _Run:
         async for item in self.deltas():
             output = item
         assert isinstance(output, RapidOutput)
+        if self.call.kind == "responses":
+            return response_object(self.call, output, self.server.replica)
         return response(self.call, output, self.server.replica)
 
     async def sse(self) -> AsyncIterator[str]:
@@ -248,8 +256,9 @@ class _Run:
             if call.kind == "chat":
                 yield _json(chunk(call, role=True))
             async for item in self.deltas():
-                if isinstance(item, str):
-                    yield _json(chunk(call, item))
+                if isinstance(item, Delta):
+                    if item.text:
+                        yield _json(chunk(call, item.text))
                 else:
                     calls = tool_call_chunk(call, item)
                     if calls is not None:
@@ -261,13 +270,28 @@ class _Run:
         except Exception as exc:
             yield _json(classify(exc).body())
 
+    async def response_events(self) -> AsyncIterator[dict[str, str]]:
+        """The Responses API's events (each named by its type, as OpenAI sends them); an error
+        mid-stream is an `error` event, and the stream ends."""
+        events = ResponseEvents(self.call, self.server.replica)
+        try:
+            for event in events.start():
+                yield _named(event)
+            async for item in self.deltas():
+                batch = events.delta(item) if isinstance(item, Delta) else events.finish(item)
+                for event in batch:
+                    yield _named(event)
+        except Exception as exc:
+            yield _named(events.error(classify(exc)))
+
 
 class _EventStream(EventSourceResponse):
     """The SSE response of a run; closes the run however the response ends, even when the
     client left before the first event (the events' own cleanup never ran then)."""
 
     def __init__(self, run: _Run) -> None:
-        super().__init__(run.sse(), ping=SSE_PING_SECONDS)
+        events = run.response_events() if run.call.kind == "responses" else run.sse()
+        super().__init__(events, ping=SSE_PING_SECONDS)
         self.run = run
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -283,6 +307,10 @@ def _finish_reason(output: RapidOutput) -> str:
 
 def _json(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"))
+
+
+def _named(event: dict[str, Any]) -> dict[str, str]:
+    return {"event": event["type"], "data": _json(event)}
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[_T]) -> _T | None:

@@ -31,7 +31,7 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "tool_calls
 class EngineCall:
     """One `engine.stream(prompt, options=options)` call, and how to answer it."""
 
-    kind: str  # "chat" or "text"
+    kind: str  # "chat", "text" or "responses"
     prompt: Prompt
     options: CallOptions
     stream: bool
@@ -39,6 +39,7 @@ class EngineCall:
     model: str
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
+    echo: dict[str, Any] = field(default_factory=dict)  # request fields a response repeats
 
 
 def chat_call(request: ChatCompletionRequest, collections: Mapping[str, Collection]) -> EngineCall:

@@ -69,25 +69,12 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
-class _Request(BaseModel):
-    """Fields shared by /v1/chat/completions and /v1/completions."""
+class _RapidRequest(BaseModel):
+    """What every endpoint's request has: the model, and the RAPID extensions."""
 
     model_config = ConfigDict(extra="allow")
 
     model: str
-    # Checked here, so that a refusal names the client's field, not the engine's max_new_tokens.
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int | None = 1
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
     # RAPID extensions (besides RAPID_OPTIONS): how the draft's context C^S is built.
     mode: str | None = None
     draft_prompt: str | list[ChatMessage] | None = None
@@ -109,6 +96,24 @@ class _Request(BaseModel):
         return extra
 
 
+class _Request(_RapidRequest):
+    """Fields shared by /v1/chat/completions and /v1/completions."""
+
+    # Checked here, so that a refusal names the client's field, not the engine's max_new_tokens.
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int | None = 1
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -126,3 +131,57 @@ class CompletionRequest(_Request):
     suffix: str | None = None
     best_of: int | None = None
     logprobs: int | None = None
+
+
+# ---- /v1/responses --------------------------------------------------------------------------
+
+
+class TextFormat(_Lenient):
+    """`text.format` of the Responses API: the `response_format` of chat, flattened."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(_Lenient):
+    format: TextFormat | None = None
+    verbosity: Literal["medium"] | None = None  # a hint for OpenAI's models; only the default
+
+
+class ResponsesRequest(_RapidRequest):
+    """`POST /v1/responses`. Input items stay dicts: `responses.py` reads them, naming the item
+    it refuses. Fields of stored state (previous_response_id, conversation, background,
+    prompt) are declared so that they are refused by name, not as unknown."""
+
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool | None = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None  # "auto", "none", "required" or {"type": "function", "name"}
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    store: bool | None = None  # accepted; nothing is stored
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: str | None = None
+    stream_options: dict[str, Any] | None = None
+    include: list[str] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    previous_response_id: str | None = None
+    conversation: Any = None
+    background: bool | None = None
+    prompt: Any = None
+    reasoning: dict[str, Any] | None = None
+    top_logprobs: int | None = None
+    max_tool_calls: int | None = None
+    # Extensions that chat completions take as OpenAI fields.
+    seed: int | None = None
+    stop: str | list[str] | None = None

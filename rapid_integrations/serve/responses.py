@@ -1,0 +1,412 @@
+"""`POST /v1/responses`: a Responses API request -> one engine call; its output -> a `response`
+object, or the API's stream of events.
+
+The request is read as the chat completion it means (input items -> messages, flat function
+tools -> chat tools, `text.format` -> `response_format`), and `chat_call` builds the engine call,
+so both endpoints share one path into the engine (tools, grammars, collections, RAPID options).
+
+Stateless: nothing is stored, so `previous_response_id` (and `conversation`, `background`) is
+refused; a client sends the whole conversation as input items, earlier outputs included.
+
+A stream is `response.created`, `response.in_progress`, then per output item
+`response.output_item.added` ... `response.output_item.done` (a message: its content part and
+text deltas; a function call: its argument deltas), then `response.completed`, each event with
+its `sequence_number`. The last event is `response.completed` also when the answer hit
+`max_output_tokens` (its response says status "incomplete"), so every client gets its final
+response; an error mid-stream is one `error` event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from ..outputs import Delta, RapidOutput
+from ..tools import ToolCall
+from .calls import EngineCall, chat_call, usage
+from .collection import Collection
+from .errors import ServeError, unsupported
+from .schemas import ChatCompletionRequest, ResponsesRequest, TextConfig
+
+STATELESS = (
+    "this server is stateless and stores no responses: send the whole conversation as "
+    "`input` items (earlier outputs and function_call_output items included)"
+)
+_LOGPROBS = "log probabilities are not returned by /v1/responses"
+
+
+def responses_call(request: ResponsesRequest, collections: Mapping[str, Collection]) -> EngineCall:
+    """The engine call of a Responses API request; raises `ServeError` for what is refused."""
+    _refuse_stateful(request)
+    chat = {
+        "model": request.model,
+        "messages": _messages(request),
+        "max_completion_tokens": request.max_output_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "seed": request.seed,
+        "stop": request.stop,
+        "stream": request.stream,
+        "tools": _chat_tools(request.tools),
+        "tool_choice": _chat_tool_choice(request.tool_choice),
+        "parallel_tool_calls": request.parallel_tool_calls,
+        "response_format": _response_format(request.text),
+        "mode": request.mode,
+        "draft_prompt": request.draft_prompt,
+        "collection": request.collection,
+        "query": request.query,
+    }
+    try:
+        call = chat_call(ChatCompletionRequest(**chat, **request.rapid_options()), collections)
+    except ServeError as exc:
+        raise _renamed(exc) from exc
+    return dataclasses.replace(call, kind="responses", id=_id("resp"), echo=_echo(request))
+
+
+def _refuse_stateful(request: ResponsesRequest) -> None:
+    """400 for the fields that need stored state or output this server does not have."""
+    for name in ("previous_response_id", "conversation", "prompt"):
+        if getattr(request, name) is not None:
+            raise unsupported(name, STATELESS)
+    if request.background:
+        raise unsupported("background", "background responses need stored state; " + STATELESS)
+    if request.top_logprobs:
+        raise unsupported("top_logprobs", _LOGPROBS)
+    if "message.output_text.logprobs" in (request.include or ()):
+        raise unsupported("include", _LOGPROBS)
+    if request.reasoning is not None:
+        raise unsupported("reasoning", "reasoning options are not supported")
+    if request.truncation == "auto":
+        raise unsupported("truncation", 'only "disabled": an input over the window is an error')
+    if request.max_tool_calls is not None:
+        raise unsupported("max_tool_calls", "send parallel_tool_calls=false for one call at most")
+
+
+# ---- input items -> chat messages ----------------------------------------------------------
+
+
+def _messages(request: ResponsesRequest) -> list[dict[str, Any]]:
+    """`instructions` (a system message first), then the input items as chat messages:
+    function_call items join the assistant message before them as its `tool_calls`, and a
+    function_call_output is a `tool` message."""
+    messages = [{"role": "system", "content": request.instructions}] if request.instructions else []
+    if isinstance(request.input, str):
+        return [*messages, {"role": "user", "content": request.input}]
+    if not request.input:
+        raise ServeError(422, "input: must not be empty", param="input", code="invalid_value")
+    for i, item in enumerate(request.input):
+        _add_item(messages, item, f"input.{i}")
+    return messages
+
+
+def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], param: str) -> None:
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item.get("role")
+        if role not in ("user", "system", "developer", "assistant"):
+            raise ServeError(
+                400,
+                f"{param}.role: one of user, system, developer, assistant, got {role!r}",
+                param=f"{param}.role",
+                code="invalid_value",
+            )
+        content = _text(item.get("content"), f"{param}.content")
+        messages.append({"role": "system" if role == "developer" else role, "content": content})
+    elif kind == "function_call":
+        call = {
+            "id": _string(item, "call_id", param),
+            "type": "function",
+            "function": {
+                "name": _string(item, "name", param),
+                "arguments": _string(item, "arguments", param),
+            },
+        }
+        if not messages or messages[-1]["role"] != "assistant":
+            messages.append({"role": "assistant", "content": ""})
+        messages[-1].setdefault("tool_calls", []).append(call)
+    elif kind == "function_call_output":
+        output = _text(item.get("output"), f"{param}.output")
+        call_id = _string(item, "call_id", param)
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+    elif kind == "item_reference":
+        raise unsupported(f"{param}.type", STATELESS)
+    else:
+        raise unsupported(
+            f"{param}.type",
+            f"input items of type {kind!r} are not supported "
+            "(message, function_call, function_call_output are)",
+        )
+
+
+def _text(content: object, param: str) -> str:
+    """A string, or the text of a list of text parts (input_text, output_text)."""
+    if isinstance(content, str):
+        return content
+    parts = content if isinstance(content, list) else None
+    if parts is None or not all(
+        isinstance(p, dict) and p.get("type") in _TEXT_PARTS and isinstance(p.get("text"), str)
+        for p in parts
+    ):
+        raise unsupported(param, "only text is supported: a string or input_text/output_text parts")
+    return "".join(p["text"] for p in parts)
+
+
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def _string(item: dict[str, Any], key: str, param: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise ServeError(
+            400,
+            f"{param}.{key}: a string is required",
+            param=f"{param}.{key}",
+            code="invalid_value",
+        )
+    return value
+
+
+# ---- tools and text.format as chat completions write them ---------------------------------
+
+
+def _chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Flat function tools `{"type": "function", "name", "parameters", ...}` -> chat's
+    `{"type": "function", "function": {...}}` (the engine checks the rest)."""
+    if tools is None:
+        return None
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+            raise unsupported(
+                f"tools.{i}",
+                'only function tools {"type": "function", "name", "parameters"} are supported, '
+                f"got {tool!r:.200}",
+            )
+    return [
+        {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in tools
+    ]
+
+
+def _chat_tool_choice(choice: object) -> object:
+    """`{"type": "function", "name"}` -> chat's `{"type": "function", "function": {"name"}}`;
+    the strings pass as they are."""
+    if not isinstance(choice, dict):
+        return choice
+    if choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise unsupported(
+        "tool_choice", f'"auto", "none", "required" or {{"type": "function", "name"}}, got {choice}'
+    )
+
+
+def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
+    """`text.format` as chat's `response_format`."""
+    if text is None or text.format is None:
+        return None
+    fmt = text.format
+    if fmt.type != "json_schema":
+        return {"type": fmt.type}
+    schema = {"name": fmt.name, "description": fmt.description, "schema": fmt.schema_}
+    return {"type": "json_schema", "json_schema": schema | {"strict": fmt.strict}}
+
+
+def _renamed(exc: ServeError) -> ServeError:
+    """A chat `response_format` error named as the Responses API's `text.format`."""
+    for old in ("response_format.json_schema", "response_format"):
+        if exc.param and exc.param.startswith(old):
+            return ServeError(
+                exc.status,
+                exc.message.replace(old, "text.format"),
+                type=exc.type,
+                param="text.format" + exc.param[len(old) :],
+                code=exc.code,
+            )
+    return exc
+
+
+def _echo(request: ResponsesRequest) -> dict[str, Any]:
+    """The request fields a response object repeats."""
+    text = request.text.model_dump(by_alias=True, exclude_none=True) if request.text else {}
+    return {
+        "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens,
+        "metadata": request.metadata or {},
+        "parallel_tool_calls": request.parallel_tool_calls is not False,
+        "previous_response_id": None,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "tool_choice": request.tool_choice or "auto",
+        "tools": request.tools or [],
+        "text": {"format": {"type": "text"}} | text,
+        "truncation": "disabled",
+        "user": request.user,
+    }
+
+
+# ---- the output -> a response object, or its events -----------------------------------------
+
+
+def response_object(call: EngineCall, output: RapidOutput, replica: str) -> dict[str, Any]:
+    """The whole (non-streamed) response."""
+    events = ResponseEvents(call, replica)
+    events.finish(output)
+    return events.response
+
+
+class ResponseEvents:
+    """The events of one streamed response, numbered; `response` is the response so far.
+
+    Items are opened, filled and closed one after the other: the answer's text (a message),
+    then each function call. Today a call's arguments arrive whole, in one delta, after the
+    text; the open / arguments / close steps are separate so that fragments can feed them.
+    """
+
+    def __init__(self, call: EngineCall, replica: str) -> None:
+        self.call = call
+        self.replica = replica
+        self.sequence = 0
+        self.response = _response(call, "in_progress", [])
+        self.message: dict[str, Any] | None = None  # the open message item
+
+    def start(self) -> list[dict[str, Any]]:
+        return [
+            self._event("response.created", response=self.response),
+            self._event("response.in_progress", response=self.response),
+        ]
+
+    def delta(self, delta: Delta) -> list[dict[str, Any]]:
+        if not delta.text:
+            return []
+        events = [] if self.message else self._open_message()
+        part = self.message["content"][0]
+        part["text"] += delta.text
+        return [
+            *events,
+            self._event("response.output_text.delta", **self._part(), delta=delta.text),
+        ]
+
+    def finish(self, output: RapidOutput) -> list[dict[str, Any]]:
+        """Close the message (an empty one when there is neither text nor a call), add the
+        calls, and complete the response (status "incomplete" past max_output_tokens)."""
+        events = []
+        if self.message is None and not output.tool_calls:
+            events += self._open_message()
+        if self.message is not None:
+            events += self._close_message(output)
+        for call in output.tool_calls:
+            events += self._open_call(call)
+            events += self._arguments(call.to_openai()["function"]["arguments"])
+            events += self._close_call()
+        cut = output.finish_reason == "length"
+        self.response |= {
+            "status": "incomplete" if cut else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+            "usage": _usage(output, self.replica),
+        }
+        return [*events, self._event("response.completed", response=self.response)]
+
+    def error(self, error: ServeError) -> dict[str, Any]:
+        """The event of a failure mid-stream (the stream ends after it)."""
+        return self._event("error", code=error.code, message=error.message, param=error.param)
+
+    # ---- items
+
+    def _open_message(self) -> list[dict[str, Any]]:
+        item = {"id": _id("msg"), "type": "message", "role": "assistant", "content": []}
+        events = self._add(item | {"status": "in_progress"})
+        self.message = self._item
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        self.message["content"].append(part)
+        return [*events, self._event("response.content_part.added", **self._part(), part=part)]
+
+    def _close_message(self, output: RapidOutput) -> list[dict[str, Any]]:
+        assert self.message is not None
+        part = self.message["content"][0]
+        part["text"] = output.text  # what the deltas added up to
+        status = "incomplete" if output.finish_reason == "length" else "completed"
+        self.message = None
+        return [
+            self._event("response.output_text.done", **self._part(), text=part["text"]),
+            self._event("response.content_part.done", **self._part(), part=part),
+            *self._done(status),
+        ]
+
+    def _open_call(self, call: ToolCall) -> list[dict[str, Any]]:
+        item = {"id": _id("fc"), "type": "function_call", "status": "in_progress"}
+        return self._add(item | {"call_id": call.id, "name": call.name, "arguments": ""})
+
+    def _arguments(self, fragment: str) -> list[dict[str, Any]]:
+        self._item["arguments"] += fragment
+        return [self._event("response.function_call_arguments.delta", **self._at(), delta=fragment)]
+
+    def _close_call(self) -> list[dict[str, Any]]:
+        item = self._item
+        done = self._event(
+            "response.function_call_arguments.done",
+            **self._at(),
+            name=item["name"],
+            arguments=item["arguments"],
+        )
+        return [done, *self._done("completed")]
+
+    def _add(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        self.response["output"].append(item)
+        return [self._event("response.output_item.added", output_index=self._index, item=item)]
+
+    def _done(self, status: str) -> list[dict[str, Any]]:
+        self._item["status"] = status
+        return [self._event("response.output_item.done", output_index=self._index, item=self._item)]
+
+    @property
+    def _index(self) -> int:
+        return len(self.response["output"]) - 1
+
+    @property
+    def _item(self) -> dict[str, Any]:
+        return self.response["output"][-1]
+
+    def _at(self) -> dict[str, Any]:
+        return {"item_id": self._item["id"], "output_index": self._index}
+
+    def _part(self) -> dict[str, Any]:
+        return {**self._at(), "content_index": 0}
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """One event, its objects copied as they are now (later events change them)."""
+        event = json.loads(json.dumps({"type": kind, "sequence_number": self.sequence, **fields}))
+        self.sequence += 1
+        return event
+
+
+def _response(call: EngineCall, status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": call.id,
+        "object": "response",
+        "created_at": call.created,
+        "model": call.model,
+        "status": status,
+        "output": output,
+        "usage": None,
+        "error": None,
+        "incomplete_details": None,
+        **call.echo,
+    }
+
+
+def _usage(output: RapidOutput, replica: str) -> dict[str, Any]:
+    """The Responses API's usage names of chat's `usage` (the RAPID stats under `rapid`)."""
+    counts = usage(output, replica)
+    return {
+        "input_tokens": counts["prompt_tokens"],
+        "input_tokens_details": {"cached_tokens": output.stats.cached_prefix_tokens},
+        "output_tokens": counts["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": counts["total_tokens"],
+        "rapid": counts["rapid"],
+    }
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(24)}"
