@@ -158,7 +158,7 @@ class ResponsesRequest(_RapidRequest):
 
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    max_output_tokens: int | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = None
     top_p: float | None = None
     stream: bool | None = False
