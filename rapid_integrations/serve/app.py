@@ -31,7 +31,7 @@ from sse_starlette import EventSourceResponse
 
 from ..aio import aiter_in_thread
 from ..engine import RapidEngine
-from ..outputs import RapidOutput
+from ..outputs import Delta, RapidOutput
 from .calls import (
     FINISH_REASONS,
     EngineCall,
@@ -165,15 +165,15 @@ async def _answer(server: _Server, call: EngineCall, request: Request) -> Respon
             await run.close()
 
 
-def _decode(server: _Server, call: EngineCall) -> Iterator[str | RapidOutput | None]:
-    """Worker thread: None once the call is planned, then text deltas, then the output.
+def _decode(server: _Server, call: EngineCall) -> Iterator[Delta | RapidOutput | None]:
+    """Worker thread: None once the call is planned, then `Delta`s, then the output.
     Closing it (the consumer left) closes the engine stream, freeing its caches."""
     server.metrics.open_streams.inc()
     try:
         engine = server.engine
         with engine.stream(call.prompt, call.draft_prompt, call.mode, **call.overrides) as stream:
             yield None
-            yield from stream
+            yield from stream.deltas()
             yield stream.output
     finally:
         server.metrics.open_streams.dec()
@@ -207,8 +207,8 @@ class _Run:
         assert self.events is not None
         await self.within_deadline(anext(self.events))
 
-    async def deltas(self) -> AsyncIterator[str | RapidOutput]:
-        """Text deltas, then the `RapidOutput`; the slot and the stream are released at the end
+    async def deltas(self) -> AsyncIterator[Delta | RapidOutput]:
+        """`Delta`s, then the `RapidOutput`; the slot and the stream are released at the end
         however it ends (done, failed, timed out, cancelled by a disconnect)."""
         assert self.events is not None and self.lease is not None
         metrics = self.server.metrics
@@ -244,12 +244,16 @@ class _Run:
         """Server-sent events: the chunks, then `[DONE]`; an error mid-stream is one event in
         the OpenAI error shape (the SDK raises it), and the stream ends."""
         call = self.call
+        asked = bool(call.overrides.get("logprobs"))
+        offset = 0  # where the next chunk's tokens start in the text (completions' text_offset)
         try:
             if call.kind == "chat":
                 yield _json(chunk(call, role=True))
             async for item in self.deltas():
-                if isinstance(item, str):
-                    yield _json(chunk(call, item))
+                if isinstance(item, Delta):
+                    entries = item.logprobs if asked else None
+                    yield _json(chunk(call, item.text, entries=entries, offset=offset))
+                    offset += sum(len(e.token) for e in item.logprobs)
                 else:
                     calls = tool_call_chunk(call, item)
                     if calls is not None:
