@@ -29,6 +29,8 @@ RETRIEVAL_FALLBACKS: tuple[str, ...] = get_args(RetrievalFallback)
 DTYPES: tuple[str, ...] = get_args(DtypeName)
 DRAFT_COPIES: tuple[str, ...] = get_args(DraftCopy)
 DRAFT_PRECISIONS: tuple[str, ...] = get_args(DraftPrecision)
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives `top_logprobs` may ask for per token (OpenAI's own cap)."""
 
 
 def one_of(choices: tuple[str, ...]) -> str:
@@ -130,6 +132,15 @@ class RapidConfig:
     speculate_min_context: int | Literal["auto"] = 0
     lookup_ngram: int = 3
     lookup_tokens: int = 10
+    # Log probabilities of the emitted tokens (docs/algorithm.md section 12), computed only
+    # when asked: `RapidOutput.logprobs` and `Delta.logprobs` hold one entry per token id.
+    # logprobs        the deciding model's raw log-softmax of each emitted token;
+    # top_logprobs    that many most likely alternatives per token under the same law
+    #     (0 to MAX_TOP_LOGPROBS; needs logprobs);
+    # logprobs_p_hat  also log p_hat(token), the law the verdict decided with (needs logprobs).
+    logprobs: bool = False
+    top_logprobs: int = 0
+    logprobs_p_hat: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -138,6 +149,9 @@ class RapidConfig:
             object.__setattr__(self, "stop", tuple(self.stop))
         for name, check, message in (*_CHECKS, *_DRAFTING_CHECKS):
             if not check(getattr(self, name)):
+                raise RapidConfigError(name, f"{message}, got {getattr(self, name)!r}")
+        for name, combined, message in _COMBINED_CHECKS:
+            if not combined(self):
                 raise RapidConfigError(name, f"{message}, got {getattr(self, name)!r}")
 
     def replace(self, **overrides: Any) -> RapidConfig:
@@ -211,6 +225,13 @@ _CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
         ),
         "must be a sentence-transformers name or path, an object with embed(texts), or None",
     ),
+    ("logprobs", lambda v: isinstance(v, bool), "must be a bool"),
+    (
+        "top_logprobs",
+        lambda v: _int(v) and 0 <= v <= MAX_TOP_LOGPROBS,
+        f"must be an integer in [0, {MAX_TOP_LOGPROBS}]",
+    ),
+    ("logprobs_p_hat", lambda v: isinstance(v, bool), "must be a bool"),
 )
 
 _DRAFTING_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
@@ -232,4 +253,10 @@ _DRAFTING_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
         "must be 0 (off) or an integer in [2, 8]",
     ),
     ("lookup_tokens", lambda v: _int(v) and 1 <= v <= 64, "must be an integer in [1, 64]"),
+)
+
+# Checks of one field against another, run after every field passed its own check.
+_COMBINED_CHECKS: tuple[tuple[str, Callable[[RapidConfig], bool], str], ...] = (
+    ("top_logprobs", lambda c: c.logprobs or not c.top_logprobs, "needs logprobs=True"),
+    ("logprobs_p_hat", lambda c: c.logprobs or not c.logprobs_p_hat, "needs logprobs=True"),
 )

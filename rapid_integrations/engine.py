@@ -37,6 +37,7 @@ from .errors import (
     VocabularyMismatchError,
 )
 from .kv import KVState, check_cache_layout
+from .logprobs import LogprobScorer, token_bytes
 from .models import (
     LoadOptions,
     config_window,
@@ -74,13 +75,15 @@ def speculate(
     stats: RapidStats,
     end_ids: torch.Tensor | None = None,
     constraints: Constraints | None = None,
+    scorer: LogprobScorer | None = None,
 ) -> Iterator[list[int]]:
     """Yield the tokens committed by each target pass (accepted drafts, then one more).
 
     `schedule` says how many drafts to ask for, and learns from every pass.
     `budget()` is how many tokens may still be emitted; drafting never proposes past it.
     `end_ids` are the end-of-sequence ids of the end guard (None: no guard); `constraints`
-    shape the target's logits (docs/algorithm.md section 9; None: raw logits).
+    shape the target's logits (docs/algorithm.md section 9; None: raw logits); `scorer`
+    scores each pass's committed tokens (section 12; None: no log probabilities).
     """
     while True:
         start = time.perf_counter()
@@ -95,10 +98,12 @@ def speculate(
         copies = proposer.copies if left > 0 else 0
         drafted_at = time.perf_counter()
         gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)
-        z = target.feed(x)
-        if constraints:
-            z = constraints.apply(z, x)
+        logits = target.feed(x)
+        z = constraints.apply(logits, x) if constraints else logits
         n, token = verdict(z, x, q, cfg, gen, end_ids)
+        committed = x[:n].tolist() + token.tolist()
+        if scorer:
+            scorer.score(logits, z, q, end_ids, committed)
         target.rollback(gamma - n)
         target.append(token)
         if constraints:
@@ -111,7 +116,7 @@ def speculate(
         stats.speculation_stopped = schedule.stopped
         stats.drafted_tokens += gamma
         stats.accepted_tokens += n
-        yield x[:n].tolist() + token.tolist()
+        yield committed
 
 
 @dataclass(frozen=True)
@@ -220,6 +225,7 @@ class RapidEngine:
         }
         self.eos_token_ids = stop_token_ids(self.tokenizer, configs.values())
         self._grammar_compiler: GrammarCompiler | None = None
+        self._token_bytes: list[bytes] | None = None
 
     @classmethod
     def from_default(
@@ -370,6 +376,7 @@ class RapidEngine:
         guarded = cfg.end_guard and eos and cfg.eta > 0
         end_ids = torch.tensor(sorted(eos), device=gen.device) if guarded else None
         key, schedule, fresh = self._schedule(plan, stats)
+        scorer = LogprobScorer(cfg, self._vocabulary_bytes()) if cfg.logprobs else None
         steps = speculate(
             target,
             proposer,
@@ -380,15 +387,18 @@ class RapidEngine:
             stats,
             end_ids,
             shaping[0],
+            scorer,
         )
         content = ContentFilter() if plan.tools else None
         for token in itertools.chain.from_iterable(steps):
             stats.time_to_first_token = stats.time_to_first_token or time.perf_counter() - start
+            before = len(detok.ids)
             delta, finish = _commit(token, detok, eos, limit)
+            scored = scorer.commit(len(detok.ids) > before) if scorer else ()
             if content:  # streams never show call markup (docs/algorithm.md section 11)
                 delta = content.push(delta) + (content.finish() if finish else "")
-            if delta:
-                yield Delta(delta)
+            if delta or scored:
+                yield Delta(delta, scored)
             if finish:
                 break
 
@@ -402,11 +412,16 @@ class RapidEngine:
             stats.draft_forward_passes = proposer.state.forward_passes
             stats.draft_forward_seconds = proposer.state.forward_seconds
             stats.lookup_drafted_tokens, stats.lookup_accepted_tokens = proposer.lookup_counts
+        logprobs = scorer.kept if scorer else None
         if content is None:
-            return RapidOutput(detok.text, detok.ids, finish, stats.finalize(), len(plan.ids))
+            return RapidOutput(
+                detok.text, detok.ids, finish, stats.finalize(), len(plan.ids), logprobs=logprobs
+            )
         calls = parse_calls(detok.text)
         finish = "tool_calls" if calls and finish == "eos" else finish
-        return RapidOutput(content.text, detok.ids, finish, stats.finalize(), len(plan.ids), calls)
+        return RapidOutput(
+            content.text, detok.ids, finish, stats.finalize(), len(plan.ids), calls, logprobs
+        )
 
     def _schedule(self, plan: _Plan, stats: RapidStats) -> tuple[Hashable, GammaSchedule, bool]:
         """The call's gamma schedule, its key and whether it is fresh: where the last call at
@@ -445,6 +460,12 @@ class RapidEngine:
             )
         self._grammars().matcher(grammar)
         return grammar
+
+    def _vocabulary_bytes(self) -> list[bytes]:
+        """Each token id's bytes, for log probabilities; made on first use."""
+        if self._token_bytes is None:
+            self._token_bytes = token_bytes(self.tokenizer, self.vocab_size)
+        return self._token_bytes
 
     def _grammars(self) -> GrammarCompiler:
         """The engine's grammar compiler, made on first use (xgrammar loads only then)."""

@@ -76,6 +76,26 @@ class RapidStats:
         return dataclasses.asdict(self)
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability (natural log) under the deciding model (docs/algorithm.md
+    section 12).
+
+    token: the token's text (its bytes decoded, U+FFFD standing for a part of a character);
+    token_bytes: its exact bytes, which join into the text; logprob: log p(token), the model's
+    raw log-softmax; p_hat_logprob: log p_hat(token), the law the verdict decided with (None
+    unless asked); top_logprobs: the most likely tokens under p, most likely first (an
+    alternative's own `top_logprobs` and `p_hat_logprob` are empty).
+    """
+
+    token_id: int
+    token: str
+    token_bytes: bytes
+    logprob: float
+    p_hat_logprob: float | None = None
+    top_logprobs: tuple[TokenLogprob, ...] = ()
+
+
 @dataclass
 class RapidOutput:
     """The generated text and ids (end-of-sequence token and stop string excluded).
@@ -83,6 +103,8 @@ class RapidOutput:
     With tools: `text` is the content without call markup, `tool_calls` the parsed calls,
     and `finish_reason` "tool_calls" when the output ended after calls. A structured answer
     or call cut off by `max_new_tokens` has `finish_reason` "length" (and no such call).
+    `logprobs`: with `logprobs=True`, one `TokenLogprob` per entry of `token_ids` (call
+    markup included); None otherwise.
     """
 
     text: str
@@ -91,6 +113,7 @@ class RapidOutput:
     stats: RapidStats = field(default_factory=RapidStats)
     prompt_tokens: int = 0
     tool_calls: list[ToolCall] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True)
@@ -100,9 +123,13 @@ class Delta:
     text: answer text (without call markup when tools are on). Every other kind of streamed
     content (reasoning, tool-call fragments, log probabilities) is a field of this one type,
     so a consumer reads one stream, not one per feature.
+    logprobs: with `logprobs=True`, the `TokenLogprob`s of the token ids committed since the
+    last delta (their text may still be held back, by a stop string's prefix or a character
+    not yet complete).
     """
 
     text: str = ""
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class RapidStream(Iterator[str]):

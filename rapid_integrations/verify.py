@@ -66,6 +66,28 @@ def _augmented(
     return ph if end_ids is None else end_guard(ph, p, end_ids)
 
 
+def p_hat_rows(
+    z: torch.Tensor, q: torch.Tensor | None, cfg: RapidConfig, end_ids: torch.Tensor | None
+) -> torch.Tensor:
+    """The law `verdict` decides with at each row of z [k, V]: p_hat where q has a row
+    (guards applied), p past q's rows; temperature, top-k, top-p and min-p applied when
+    sampling, softmax at T = 1 when greedy (section 3). Returns probabilities [k, V]."""
+    if cfg.greedy:
+        logp = log_probs(z, 0.0, 1.0)
+    else:
+        logp = log_probs(z, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
+    return _with_p_hat(logp, None if q is None else q[: len(z)], cfg, end_ids)
+
+
+def _with_p_hat(
+    logp: torch.Tensor, q: torch.Tensor | None, cfg: RapidConfig, end_ids: torch.Tensor | None
+) -> torch.Tensor:
+    """p_hat on q's rows and p on the rows past them: logp [k, V], q [<= k, V] -> [k, V]."""
+    rows = 0 if q is None else len(q)
+    p = logp.exp()
+    return torch.cat([_augmented(logp[:rows], q, cfg, end_ids), p[rows:]]) if rows else p
+
+
 def _greedy(
     z: torch.Tensor,
     x: torch.Tensor,
@@ -102,12 +124,7 @@ def _sampled(
     logp = log_probs(z, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
     gamma = x.numel()
     p = logp.exp()  # [gamma + 1, V]
-    rows = 0 if q is None else len(q)
-    ph = (
-        torch.cat([_augmented(logp[:rows], q, cfg, end_ids), p[rows:]])
-        if q is not None and rows
-        else p
-    )
+    ph = _with_p_hat(logp, q, cfg, end_ids)
     if not gamma:
         return 0, torch.multinomial(ph[0], 1, generator=gen)
     assert q is not None

@@ -52,6 +52,9 @@ BAD_VALUES = {
     "speculate_min_context": [-1, 1.5],
     "lookup_ngram": [1, 9, -2],
     "lookup_tokens": [0, 65, 2.0],
+    "logprobs": ["yes", 1],
+    "top_logprobs": [-1, 21, 2.0, True],
+    "logprobs_p_hat": ["yes", 1],
 }
 
 

@@ -236,7 +236,10 @@ GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "a cab"}], "max
         ("[1, 2]", 400, None, "invalid_json"),
         ({**GOOD, "frobnicate": 1}, 400, "frobnicate", "unknown_parameter"),
         ({**GOOD, "n": 2}, 400, "n", "unsupported_parameter"),
-        ({**GOOD, "logprobs": True}, 400, "logprobs", "unsupported_parameter"),
+        ({**GOOD, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", "invalid_value"),
+        ({**GOOD, "logprobs": True, "top_logprobs": -1}, 400, "top_logprobs", "invalid_value"),
+        ({**GOOD, "top_logprobs": 3}, 400, "top_logprobs", "invalid_value"),
+        ({**GOOD, "logprobs_p_hat": True}, 422, "logprobs_p_hat", "invalid_value"),
         ({**GOOD, "presence_penalty": 0.5}, 400, "presence_penalty", "unsupported_parameter"),
         ({**GOOD, "gamma": 0}, 422, "gamma", "invalid_value"),
         ({**GOOD, "temperature": -1}, 422, "temperature", "invalid_value"),
@@ -278,6 +281,8 @@ def test_completion_refusals(server: LiveServer) -> None:
         ({"echo": True}, "echo"),
         ({"best_of": 3}, "best_of"),
         ({"prompt": ["a", "b"]}, "prompt"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": -1}, "logprobs"),
     ]:
         r = post(server, "/v1/completions", {**base, **extra})
         assert (r.status_code, r.json()["error"]["param"]) == (400, param)

@@ -172,7 +172,7 @@ async def _answer(server: _Server, call: EngineCall, request: Request) -> Respon
 
 
 def _decode(server: _Server, call: EngineCall) -> Iterator[Delta | RapidOutput | None]:
-    """Worker thread: None once the call is planned, then the deltas, then the output.
+    """Worker thread: None once the call is planned, then `Delta`s, then the output.
     Closing it (the consumer left) closes the engine stream, freeing its caches."""
     server.metrics.open_streams.inc()
     try:
@@ -214,7 +214,7 @@ class _Run:
         await self.within_deadline(anext(self.events))
 
     async def deltas(self) -> AsyncIterator[Delta | RapidOutput]:
-        """The `Delta`s, then the `RapidOutput`; the slot and the stream are released at the end
+        """`Delta`s, then the `RapidOutput`; the slot and the stream are released at the end
         however it ends (done, failed, timed out, cancelled by a disconnect)."""
         assert self.events is not None and self.lease is not None
         metrics = self.server.metrics
@@ -252,13 +252,16 @@ class _Run:
         """Server-sent events: the chunks, then `[DONE]`; an error mid-stream is one event in
         the OpenAI error shape (the SDK raises it), and the stream ends."""
         call = self.call
+        asked = bool(call.options.config.get("logprobs"))
+        offset = 0  # where the next chunk's tokens start in the text (completions' text_offset)
         try:
             if call.kind == "chat":
                 yield _json(chunk(call, role=True))
             async for item in self.deltas():
                 if isinstance(item, Delta):
-                    if item.text:
-                        yield _json(chunk(call, item.text))
+                    entries = item.logprobs if asked else None
+                    yield _json(chunk(call, item.text, entries=entries, offset=offset))
+                    offset += sum(len(e.token) for e in item.logprobs)
                 else:
                     calls = tool_call_chunk(call, item)
                     if calls is not None:

@@ -4,20 +4,25 @@ Finish reasons: the engine's "eos" and "stop" are OpenAI's "stop"; "length" and 
 stay. `usage` carries the call's `RapidStats` under the extension field `usage.rapid` (plus
 the replica that served it), in every response and in the last chunk of a stream that asked
 for usage (`stream_options.include_usage`). Tools and `response_format` become the engine's
-`tools=` / `tool_choice=` / `grammar=` (docs/algorithm.md sections 10-11).
+`tools=` / `tool_choice=` / `grammar=` (docs/algorithm.md sections 10-11). `logprobs` and
+`top_logprobs` (chat) or `logprobs: int` (completions) become the engine's `logprobs=` and
+`top_logprobs=` (section 12), always passed, so that a call computes only what it asked for;
+`choices[0].logprobs` then has OpenAI's shape, in every chunk of a stream too.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..call_options import CallOptions
-from ..errors import GrammarError, RapidError
-from ..outputs import RapidOutput
+from ..config import MAX_TOP_LOGPROBS, RapidConfig
+from ..errors import GrammarError, RapidConfigError, RapidError
+from ..logprobs import openai_chat_logprobs, openai_completion_logprobs
+from ..outputs import RapidOutput, TokenLogprob
 from ..tokens import Prompt
 from ..tools import Tools
 from .collection import Collection
@@ -44,8 +49,6 @@ class EngineCall:
 
 def chat_call(request: ChatCompletionRequest, collections: Mapping[str, Collection]) -> EngineCall:
     """The engine call of a chat completion request; raises `ServeError` for what is refused."""
-    if request.logprobs or request.top_logprobs:
-        raise unsupported("logprobs", "log probabilities are not returned by this server")
     messages = [_message(m, i) for i, m in enumerate(request.messages)]
     draft = request.draft_prompt
     draft_prompt = (
@@ -53,6 +56,7 @@ def chat_call(request: ChatCompletionRequest, collections: Mapping[str, Collecti
     )
     overrides = _overrides(request, request.max_completion_tokens or request.max_tokens)
     overrides |= _tool_options(request) | _response_format(request)
+    overrides |= _logprob_options(bool(request.logprobs), request.top_logprobs or 0)
     collection = _collection(request, collections, overrides)
     prompt = collection.messages(messages) if collection else messages
     return _call("chat", request, prompt, draft_prompt, overrides)
@@ -68,14 +72,12 @@ def completion_call(
         raise unsupported("suffix", "insertion (suffix) is not supported")
     if request.best_of not in (None, 1):
         raise unsupported("best_of", "only best_of=1 is supported")
-    if request.logprobs:
-        raise unsupported("logprobs", "log probabilities are not returned by this server")
     prompt: Prompt = request.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         if len(prompt) != 1:
             raise unsupported("prompt", "one prompt per request (a list of one string at most)")
         prompt = prompt[0]
-    overrides = _overrides(request, request.max_tokens)
+    overrides = _overrides(request, request.max_tokens) | _completion_logprobs(request.logprobs)
     collection = _collection(request, collections, overrides)
     if collection:
         if not isinstance(prompt, str):
@@ -128,6 +130,30 @@ def _overrides(request: _Request, max_tokens: int | None) -> dict[str, Any]:
         "query": request.query,
     }
     return {k: v for k, v in openai.items() if v is not None} | request.rapid_options()
+
+
+def _logprob_options(logprobs: bool, top_logprobs: int) -> dict[str, Any]:
+    """The engine's `logprobs=` and `top_logprobs=`, checked here so that a bad value is a 400
+    naming its field (top_logprobs above 20, negative, or without logprobs), as OpenAI's."""
+    options = {"logprobs": logprobs, "top_logprobs": top_logprobs}
+    try:
+        RapidConfig(**options)
+    except RapidConfigError as exc:
+        raise ServeError(400, str(exc), param=exc.field, code="invalid_value") from exc
+    return options
+
+
+def _completion_logprobs(logprobs: int | None) -> dict[str, Any]:
+    """A legacy completion's `logprobs: N`: each token's log-probability and the N most likely
+    alternatives (0 to 20; OpenAI's own legacy endpoint stops at 5, vLLM's at 20)."""
+    if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+        raise ServeError(
+            400,
+            f"logprobs: must be an integer in [0, {MAX_TOP_LOGPROBS}], got {logprobs}",
+            param="logprobs",
+            code="invalid_value",
+        )
+    return _logprob_options(logprobs is not None, logprobs or 0)
 
 
 def _tool_options(request: ChatCompletionRequest) -> dict[str, Any]:
@@ -232,11 +258,12 @@ def response(call: EngineCall, output: RapidOutput, replica: str) -> dict[str, A
         message: dict[str, Any] = {"role": "assistant", "content": output.text}
         if output.tool_calls:  # content is null next to calls when there is no text (OpenAI)
             message |= {"content": output.text or None, "tool_calls": tool_calls(output)}
-        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         obj = "chat.completion"
+        choice = {"index": 0, "message": message, "finish_reason": finish}
     else:
-        choice = {"index": 0, "text": output.text, "finish_reason": finish, "logprobs": None}
         obj = "text_completion"
+        choice = {"index": 0, "text": output.text, "finish_reason": finish}
+    choice["logprobs"] = choice_logprobs(call, output.logprobs)
     return {
         "id": call.id,
         "object": obj,
@@ -247,19 +274,39 @@ def response(call: EngineCall, output: RapidOutput, replica: str) -> dict[str, A
     }
 
 
+def choice_logprobs(
+    call: EngineCall, entries: Sequence[TokenLogprob] | None, offset: int = 0
+) -> dict[str, Any] | None:
+    """A choice's `logprobs` in OpenAI's shape for the call's endpoint (None when not asked
+    for); `offset` is where the entries' text starts in a streamed completion."""
+    if entries is None:
+        return None
+    if call.kind == "chat":
+        return openai_chat_logprobs(entries)
+    return openai_completion_logprobs(entries, offset)
+
+
 def chunk(
-    call: EngineCall, text: str | None = None, finish: str | None = None, *, role: bool = False
+    call: EngineCall,
+    text: str | None = None,
+    finish: str | None = None,
+    *,
+    role: bool = False,
+    entries: Sequence[TokenLogprob] | None = None,
+    offset: int = 0,
 ) -> dict[str, Any]:
-    """One streamed chunk: a text delta, the opening role (chat), or the finish reason."""
+    """One streamed chunk: a text delta (with its tokens' log probabilities, `entries`, when
+    the call asked for them), the opening role (chat), or the finish reason."""
     if call.kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
         if text is not None:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        choice = {"index": 0, "text": text or "", "finish_reason": finish}
         obj = "text_completion"
+    choice["logprobs"] = choice_logprobs(call, entries, offset)
     out = {
         "id": call.id,
         "object": obj,

@@ -18,7 +18,9 @@ from .errors import ServeError
 
 # RapidConfig fields an OpenAI field already sets (temperature, top_p, max_tokens, stop, seed)
 # or that only the server's operator may set (memory, timeouts, callables, the embedder).
-_OPENAI_NAMED = frozenset({"temperature", "top_p", "max_new_tokens", "stop", "seed"})
+_OPENAI_NAMED = frozenset(
+    {"temperature", "top_p", "max_new_tokens", "stop", "seed", "logprobs", "top_logprobs"}
+)
 _SERVER_ONLY = frozenset(
     {
         "query_fn",

@@ -1,0 +1,153 @@
+"""Log probabilities of the emitted tokens (docs/algorithm.md section 12), and their OpenAI
+shapes (chat `logprobs.content`, legacy completions `logprobs`).
+
+`LogprobScorer` reads, after each verdict, only the rows of the tokens the pass committed:
+one log-softmax per committed row, a gather, and `torch.topk` when alternatives are asked
+for. Calls that do not ask for log probabilities never make one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .config import RapidConfig
+from .outputs import TokenLogprob
+from .verify import p_hat_rows
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+JSON_FLOOR = -9999.0
+"""What a log-probability of -inf is reported as in JSON, which has no infinity (vLLM's)."""
+
+
+def token_bytes(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> list[bytes]:
+    """Each token id's exact bytes, [vocab_size]: xgrammar's decoded vocabulary (byte-level
+    BPE, byte fallback and plain vocabularies alike). Without xgrammar (the `grammar` extra),
+    each token decoded on its own, where a part of a character becomes U+FFFD."""
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        return [
+            tokenizer.decode([i], skip_special_tokens=False).encode() for i in range(vocab_size)
+        ]
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+    return list(info.decoded_vocab[:vocab_size])
+
+
+class LogprobScorer:
+    """The `TokenLogprob`s of one call, in the order tokens are committed.
+
+    `score` runs once per target pass on its committed rows; `commit` then hands out one entry
+    per token as the engine commits it, keeping those that entered the output (`kept`: not
+    the end-of-sequence token).
+    """
+
+    def __init__(self, cfg: RapidConfig, vocab: Sequence[bytes]) -> None:
+        self._cfg = cfg
+        self._vocab = vocab
+        self._scored: deque[TokenLogprob] = deque()
+        self.kept: list[TokenLogprob] = []
+
+    def score(
+        self,
+        logits: torch.Tensor,
+        shaped: torch.Tensor,
+        q: torch.Tensor | None,
+        end_ids: torch.Tensor | None,
+        tokens: list[int],
+    ) -> None:
+        """Score the k `tokens` one pass committed. logits: the model's raw rows [>= k, V]
+        (row i predicts token i); shaped: the same rows as the verdict read them (grammar,
+        repetition penalty); q: the draft's rows [<= k, V] or None."""
+        rows = len(tokens)
+        logp = torch.log_softmax(logits[:rows].to(_wide(logits.dtype)), dim=-1)
+        ids = torch.tensor(tokens, device=logp.device)[:, None]
+        chosen = logp.gather(1, ids)[:, 0].tolist()
+        p_hat: list[float | None] = [None] * rows
+        if self._cfg.logprobs_p_hat:
+            rows_p_hat = p_hat_rows(shaped[:rows], q, self._cfg, end_ids)
+            p_hat = rows_p_hat.gather(1, ids.to(rows_p_hat.device))[:, 0].log().tolist()
+        top_values, top_ids = [[]] * rows, [[]] * rows
+        if self._cfg.top_logprobs:
+            top = logp.topk(self._cfg.top_logprobs, dim=-1)
+            top_values, top_ids = top.values.tolist(), top.indices.tolist()
+        for token, lp, lq, values, alternatives in zip(
+            tokens, chosen, p_hat, top_values, top_ids, strict=True
+        ):
+            top_entries = tuple(
+                self._entry(t, v) for t, v in zip(alternatives, values, strict=True)
+            )
+            self._scored.append(self._entry(token, lp, lq, top_entries))
+
+    def _entry(
+        self,
+        token: int,
+        logprob: float,
+        p_hat: float | None = None,
+        top: tuple[TokenLogprob, ...] = (),
+    ) -> TokenLogprob:
+        raw = self._vocab[token]
+        return TokenLogprob(token, raw.decode("utf-8", errors="replace"), raw, logprob, p_hat, top)
+
+    def commit(self, kept: bool) -> tuple[TokenLogprob, ...]:
+        """The next committed token's entry: (entry,) if it entered the output, else ()."""
+        entry = self._scored.popleft()
+        if not kept:
+            return ()
+        self.kept.append(entry)
+        return (entry,)
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _json(logprob: float) -> float:
+    return max(logprob, JSON_FLOOR)
+
+
+def openai_token(entry: TokenLogprob) -> dict[str, Any]:
+    """One entry of chat `logprobs.content`: token, logprob, bytes, top_logprobs (and the
+    extension `p_hat_logprob` when it was asked for)."""
+    out: dict[str, Any] = {
+        "token": entry.token,
+        "logprob": _json(entry.logprob),
+        "bytes": list(entry.token_bytes),
+        "top_logprobs": [
+            {"token": t.token, "logprob": _json(t.logprob), "bytes": list(t.token_bytes)}
+            for t in entry.top_logprobs
+        ],
+    }
+    if entry.p_hat_logprob is not None:
+        out["p_hat_logprob"] = _json(entry.p_hat_logprob)
+    return out
+
+
+def openai_chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """A chat choice's (or chunk's) `logprobs`: {"content": [...], "refusal": None}."""
+    return {"content": [openai_token(e) for e in entries], "refusal": None}
+
+
+def openai_completion_logprobs(entries: Sequence[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+    """A legacy completion's (or chunk's) `logprobs`: tokens, token_logprobs, top_logprobs
+    (one {token: logprob} per token) and text_offset (each token's start in the completion
+    text, counting from `offset`: the length of the text of earlier chunks), plus the
+    extension `p_hat_token_logprobs` when asked for."""
+    offsets, at = [], offset
+    for e in entries:
+        offsets.append(at)
+        at += len(e.token)
+    out: dict[str, Any] = {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [_json(e.logprob) for e in entries],
+        "top_logprobs": [{t.token: _json(t.logprob) for t in e.top_logprobs} for e in entries],
+        "text_offset": offsets,
+    }
+    if entries and entries[0].p_hat_logprob is not None:
+        out["p_hat_token_logprobs"] = [_json(e.p_hat_logprob or 0.0) for e in entries]
+    return out
