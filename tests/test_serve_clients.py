@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rapid_integrations import RapidEngine
+from rapid_integrations import CallOptions, RapidEngine
 from tests.serve_fixtures import MODEL, LiveServer, live_server
 
 SYSTEM = "be brief."
@@ -29,11 +29,9 @@ def calls(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> list[dict[str,
     seen: list[dict[str, Any]] = []
     stream = engine.stream
 
-    def recording(
-        prompt: Any, draft_prompt: Any = None, mode: str = "rapid", **overrides: Any
-    ) -> Any:
-        seen.append({"prompt": prompt, "draft_prompt": draft_prompt, "mode": mode, **overrides})
-        return stream(prompt, draft_prompt, mode, **overrides)
+    def recording(prompt: Any, *, options: CallOptions) -> Any:
+        seen.append({"prompt": prompt, "mode": options.mode, **options.config})
+        return stream(prompt, options=options)
 
     monkeypatch.setattr(engine, "stream", recording)
     return seen
