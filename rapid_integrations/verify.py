@@ -76,15 +76,19 @@ def p_hat_rows(
         logp = log_probs(z, 0.0, 1.0)
     else:
         logp = log_probs(z, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
-    return _with_p_hat(logp, None if q is None else q[: len(z)], cfg, end_ids)
+    return _with_p_hat(logp, logp.exp(), None if q is None else q[: len(z)], cfg, end_ids)
 
 
 def _with_p_hat(
-    logp: torch.Tensor, q: torch.Tensor | None, cfg: RapidConfig, end_ids: torch.Tensor | None
+    logp: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor | None,
+    cfg: RapidConfig,
+    end_ids: torch.Tensor | None,
 ) -> torch.Tensor:
-    """p_hat on q's rows and p on the rows past them: logp [k, V], q [<= k, V] -> [k, V]."""
+    """p_hat on q's rows and p on the rows past them: logp and p = exp(logp) [k, V] (the
+    caller's, which needs p too), q [<= k, V] -> [k, V]."""
     rows = 0 if q is None else len(q)
-    p = logp.exp()
     return torch.cat([_augmented(logp[:rows], q, cfg, end_ids), p[rows:]]) if rows else p
 
 
@@ -124,7 +128,7 @@ def _sampled(
     logp = log_probs(z, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
     gamma = x.numel()
     p = logp.exp()  # [gamma + 1, V]
-    ph = _with_p_hat(logp, q, cfg, end_ids)
+    ph = _with_p_hat(logp, p, q, cfg, end_ids)
     if not gamma:
         return 0, torch.multinomial(ph[0], 1, generator=gen)
     assert q is not None
