@@ -9,7 +9,6 @@ module only maps LangChain's vocabulary onto them (the names both adapters share
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -23,7 +22,7 @@ from pydantic import (
 )
 from typing_extensions import Self
 
-from rapid_integrations import RapidConfig, RapidError
+from rapid_integrations import RapidError
 from rapid_integrations.adapter_params import (
     SAMPLING_FIELDS,
     deprecated,
@@ -33,7 +32,7 @@ from rapid_integrations.adapter_params import (
 )
 from rapid_integrations.aio import aiter_in_thread as aiter_in_thread  # for chat_models, llms
 from rapid_integrations.call_options import CallOptions
-from rapid_integrations.config import Mode, check_mode
+from rapid_integrations.config import FIELD_NAMES, Mode, check_mode
 from rapid_integrations.engine_handle import EngineHandle
 from rapid_integrations.timeouts import RapidTimeoutError as RapidTimeoutError  # re-exported
 from rapid_integrations.timeouts import TimedRun
@@ -78,7 +77,6 @@ _LOADING_FIELDS = (
     "draft_model_kwargs",
     "tokenizer_kwargs",
 )
-_CONFIG_NAMES = frozenset(f.name for f in dataclasses.fields(RapidConfig))
 # HuggingFacePipeline.from_model_id's `device`: an accelerator index, -1 for the CPU.
 _CPU_INDEX = -1
 
@@ -202,7 +200,7 @@ class RapidParams(BaseModel):
         if "rapid_kwargs" in data:
             deprecated("rapid_kwargs", "rapid_config", cls.__name__)
             data["rapid_config"] = {**data.pop("rapid_kwargs"), **data.get("rapid_config", {})}
-        own = {k: data.pop(k) for k in list(data) if k in _CONFIG_NAMES - set(cls.model_fields)}
+        own = {k: data.pop(k) for k in list(data) if k in FIELD_NAMES - set(cls.model_fields)}
         if own:
             given = data.get("rapid_config") or {}
             data["rapid_config"] = merge_overrides(("arguments", own), ("rapid_config", given))

@@ -13,7 +13,6 @@ plus `HuggingFaceLLM`'s wherever they overlap.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import warnings
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -46,7 +45,7 @@ from rapid_integrations.adapter_params import (
 )
 from rapid_integrations.aio import aiter_in_thread
 from rapid_integrations.call_options import CALL_NAMES, CallOptions
-from rapid_integrations.config import Mode, check_mode
+from rapid_integrations.config import FIELD_NAMES, Mode, check_mode
 from rapid_integrations.engine_handle import EngineHandle
 from rapid_integrations.timeouts import TimedRun
 
@@ -79,7 +78,6 @@ if TYPE_CHECKING:
     ModelSpec = PreTrainedModel | str | Path
     TokenizerSpec = PreTrainedTokenizerBase | str | Path
 
-_CONFIG_NAMES = frozenset(f.name for f in dataclasses.fields(RapidConfig))
 # LLM base-class arguments, passed on to LlamaIndex as they are.
 _BASE_ARGUMENTS = frozenset(
     {
@@ -509,7 +507,7 @@ def _sort_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
     """Pop the old names and the `RapidConfig` fields (given as arguments of their own) out of
     `kwargs`, which keeps LlamaIndex's base-class arguments; any other name raises."""
     old = {name: kwargs.pop(name) for name in list(kwargs) if name in _RENAMED}
-    config = {name: kwargs.pop(name) for name in list(kwargs) if name in _CONFIG_NAMES}
+    config = {name: kwargs.pop(name) for name in list(kwargs) if name in FIELD_NAMES}
     unknown = sorted(set(kwargs) - _BASE_ARGUMENTS)
     if unknown:
         raise RapidConfigError(

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .config import RapidConfig
+from .config import FIELD_NAMES, RapidConfig
 from .errors import RapidConfigError, RapidInputError
 
 if TYPE_CHECKING:
@@ -74,7 +74,6 @@ def translate_generate_kwargs(kwargs: Mapping[str, Any], name: str) -> dict[str,
     what RAPID always does. Anything else raises `RapidConfigError` naming the option; `name`
     is the argument that held them (e.g. "generate_kwargs"), for the message.
     """
-    known = {f.name for f in dataclasses.fields(RapidConfig)}
     out: dict[str, Any] = {}
     options = dict(kwargs)
     do_sample = options.pop("do_sample", None)
@@ -86,7 +85,7 @@ def translate_generate_kwargs(kwargs: Mapping[str, Any], name: str) -> dict[str,
         if key in _HF_REFUSED:
             raise RapidConfigError(key, f"not supported in {name}: {_HF_REFUSED[key]}")
         target = _HF_RENAMED.get(key, key)
-        if target not in known:
+        if target not in FIELD_NAMES:
             raise RapidConfigError(
                 key,
                 f"unknown option in {name}; it takes transformers generate() options "

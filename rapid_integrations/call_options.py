@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from .config import Mode, RapidConfig, check_mode
+from .config import FIELD_NAMES, Mode, check_mode
 from .errors import RapidConfigError
 
 if TYPE_CHECKING:
@@ -60,15 +60,15 @@ class CallOptions:
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
-        _check_names(self.config, _CONFIG_NAMES, "RapidConfig field")
+        _check_names(self.config, FIELD_NAMES, "RapidConfig field")
         object.__setattr__(self, "config", _frozen(self.config))
 
     @classmethod
     def of(cls, names: Mapping[str, Any]) -> CallOptions:
         """Options from one flat mapping: this class's fields by name, any other name a
         `RapidConfig` field. An unknown name raises `RapidConfigError` naming it."""
-        _check_names(names, CALL_NAMES | _CONFIG_NAMES, "call option")
-        config = {k: v for k, v in names.items() if k in _CONFIG_NAMES}
+        _check_names(names, CALL_NAMES | FIELD_NAMES, "call option")
+        config = {k: v for k, v in names.items() if k in FIELD_NAMES}
         return cls(**{k: v for k, v in names.items() if k in CALL_NAMES}, config=config)
 
     @classmethod
@@ -97,5 +97,3 @@ CALL_NAMES: frozenset[str] = frozenset(
     f.name for f in dataclasses.fields(CallOptions) if f.name != "config"
 )
 """The names `CallOptions.of` takes besides `RapidConfig` fields: mode, retriever, tools, ..."""
-# Read from the dataclass, so fields added to RapidConfig are call options at once.
-_CONFIG_NAMES: frozenset[str] = frozenset(f.name for f in dataclasses.fields(RapidConfig))

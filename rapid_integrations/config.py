@@ -156,15 +156,21 @@ class RapidConfig:
 
     def replace(self, **overrides: Any) -> RapidConfig:
         """A copy with `overrides` applied; unknown names raise `RapidConfigError`."""
-        known = {f.name for f in dataclasses.fields(self)}
         for name in overrides:
-            if name not in known:
-                raise RapidConfigError(name, f"unknown RapidConfig field; known: {sorted(known)}")
+            if name not in FIELD_NAMES:
+                raise RapidConfigError(
+                    name, f"unknown RapidConfig field; known: {sorted(FIELD_NAMES)}"
+                )
         return dataclasses.replace(self, **overrides)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+FIELD_NAMES: frozenset[str] = frozenset(f.name for f in dataclasses.fields(RapidConfig))
+"""Every `RapidConfig` field's name, read from the class: a field added there is known to
+every entry point that checks names (call options, adapter arguments, transformers names)."""
 
 
 def _real(v: Any) -> bool:
