@@ -30,7 +30,8 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from pydantic import BaseModel, ConfigDict
 
-from rapid_integrations import RapidConfigError, RapidInputError, RapidOutput
+from rapid_integrations import Delta, RapidConfigError, RapidInputError, RapidOutput
+from rapid_integrations.openai_logprobs import openai_chat_logprobs
 
 from ._base import RapidParams, aiter_in_thread
 from .structured import (
@@ -145,12 +146,15 @@ class ChatRapid(RapidParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        """One chunk per piece of text the engine commits, then a last chunk with the metadata."""
+        """One chunk per engine step that released text or log probabilities, then a last
+        chunk with the metadata."""
         run = self._start(to_chat_messages(messages), stop, kwargs)
-        for delta in run:
-            chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
+        for delta in run.deltas():
+            if not (delta.text or delta.logprobs):
+                continue
+            chunk = _chunk(delta)
             if run_manager:
-                run_manager.on_llm_new_token(delta, chunk=chunk)
+                run_manager.on_llm_new_token(chunk.text, chunk=chunk, logprobs=_logprobs(chunk))
             yield chunk
         yield self._last_chunk(run.output)
 
@@ -167,16 +171,21 @@ class ChatRapid(RapidParams, BaseChatModel):
         async with contextlib.aclosing(stream) as chunks:
             async for chunk in chunks:
                 if run_manager and chunk.message.chunk_position != "last":
-                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                    await run_manager.on_llm_new_token(
+                        chunk.text, chunk=chunk, logprobs=_logprobs(chunk)
+                    )
                 yield chunk
 
     def _last_chunk(self, output: RapidOutput) -> ChatGenerationChunk:
         """The closing chunk: no text, the tool calls (the engine parses them once the call
-        markup is complete), the usage and the response metadata (set once only)."""
+        markup is complete), the usage and the response metadata (set once only). A call
+        that asked for log probabilities gets an empty `logprobs` here, so the key is there
+        even when no token was emitted."""
         calls = [
             tool_call_chunk(name=c.name, args=json.dumps(c.arguments), id=c.id, index=i)
             for i, c in enumerate(output.tool_calls)
         ]
+        asked = output.logprobs is not None
         return ChatGenerationChunk(
             message=AIMessageChunk(
                 content="",
@@ -184,7 +193,8 @@ class ChatRapid(RapidParams, BaseChatModel):
                 usage_metadata=self._usage(output),
                 response_metadata=self._response_metadata(output),
                 chunk_position="last",
-            )
+            ),
+            generation_info={"logprobs": openai_chat_logprobs(())} if asked else None,
         )
 
     def bind_tools(
@@ -233,6 +243,19 @@ class ChatRapid(RapidParams, BaseChatModel):
         if kwargs:
             raise RapidConfigError(sorted(kwargs)[0], "unknown with_structured_output argument")
         return structured_runnable(self, self.bind_tools, schema, method, include_raw)
+
+
+def _chunk(delta: Delta) -> ChatGenerationChunk:
+    """One step's chunk; its tokens' log probabilities in ChatOpenAI's place and shape
+    (`generation_info["logprobs"] = {"content": [...]}`, which LangChain copies into the
+    chunk's `response_metadata`), so that adding the chunks joins the lists."""
+    info = {"logprobs": openai_chat_logprobs(delta.logprobs)} if delta.logprobs else None
+    return ChatGenerationChunk(message=AIMessageChunk(content=delta.text), generation_info=info)
+
+
+def _logprobs(chunk: ChatGenerationChunk) -> dict[str, Any] | None:
+    """What ChatOpenAI hands `on_llm_new_token` as `logprobs`: the chunk's, if any."""
+    return (chunk.generation_info or {}).get("logprobs")
 
 
 def to_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import operator
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
@@ -13,6 +15,7 @@ from pydantic import ConfigDict
 
 from rapid_integrations import RapidOutput
 from rapid_integrations.adapter_params import has_chat_template, user_turn
+from rapid_integrations.openai_logprobs import openai_completion_logprobs
 
 from ._base import RapidParams, aiter_in_thread
 
@@ -81,12 +84,24 @@ class RapidLLM(RapidParams, BaseLLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[GenerationChunk]:
-        """One chunk per piece of text the engine commits, then a last one with the metadata."""
+        """One chunk per engine step that released text or log probabilities, then a last
+        one with the metadata. Log probabilities are in OpenAI's completion LLM's place and
+        shape (`generation_info["logprobs"]`: tokens, token_logprobs, top_logprobs,
+        text_offset), so that adding the chunks joins the lists."""
         run = self._start(self._as_prompt(prompt), stop, kwargs)
-        for delta in run:
-            chunk = GenerationChunk(text=delta)
+        offset = 0  # where the next chunk's tokens start in the text (text_offset)
+        for delta in run.deltas():
+            if not (delta.text or delta.logprobs):
+                continue
+            logprobs = (
+                openai_completion_logprobs(delta.logprobs, offset) if delta.logprobs else None
+            )
+            offset += sum(len(e.token) for e in delta.logprobs)
+            chunk = GenerationChunk(
+                text=delta.text, generation_info={"logprobs": logprobs} if logprobs else None
+            )
             if run_manager:
-                run_manager.on_llm_new_token(delta, chunk=chunk)
+                run_manager.on_llm_new_token(chunk.text, chunk=chunk, logprobs=logprobs)
             yield chunk
         yield GenerationChunk(text="", generation_info=self._generation_info(run.output))
 
@@ -102,8 +117,11 @@ class RapidLLM(RapidParams, BaseLLM):
         stream = aiter_in_thread(lambda: self._stream(prompt, stop, **kwargs))
         async with contextlib.aclosing(stream) as chunks:
             async for chunk in chunks:
-                if run_manager and chunk.generation_info is None:
-                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                info = chunk.generation_info or {}
+                if run_manager and "usage" not in info:  # not the closing chunk
+                    await run_manager.on_llm_new_token(
+                        chunk.text, chunk=chunk, logprobs=info.get("logprobs")
+                    )
                 yield chunk
 
     def _as_prompt(self, prompt: str) -> str | list[dict[str, str]]:
@@ -113,7 +131,12 @@ class RapidLLM(RapidParams, BaseLLM):
         return user_turn(prompt)
 
     def _generation_info(self, output: RapidOutput) -> dict[str, Any]:
-        return {**self._response_metadata(output), "usage": self._usage(output)}
+        """The last chunk's: metadata, usage, and an empty `logprobs` when the call asked for
+        them (so the key is there even when no token was emitted)."""
+        info = {**self._response_metadata(output), "usage": self._usage(output)}
+        if output.logprobs is not None:
+            info["logprobs"] = openai_completion_logprobs(())
+        return info
 
     def _result(self, generations: list[Generation]) -> LLMResult:
         """The batch result, with OpenAI-style token usage that LangChain callbacks sum up."""
@@ -132,9 +155,7 @@ class RapidLLM(RapidParams, BaseLLM):
 
 
 def _merge(chunks: Iterable[GenerationChunk]) -> Generation:
-    """The chunks of one prompt joined into a single `Generation`."""
-    text, info = "", None
-    for chunk in chunks:
-        text += chunk.text
-        info = chunk.generation_info or info
-    return Generation(text=text, generation_info=info)
+    """The chunks of one prompt joined into a single `Generation` (LangChain's chunk sum:
+    texts and log-probability lists concatenated, the closing chunk's metadata kept)."""
+    whole = functools.reduce(operator.add, chunks)
+    return Generation(text=whole.text, generation_info=whole.generation_info)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -26,6 +26,7 @@ from llama_index.core.base.llms.types import (
     CompletionResponseAsyncGen,
     CompletionResponseGen,
     LLMMetadata,
+    LogProb,
     MessageRole,
 )
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
@@ -47,6 +48,8 @@ from rapid_integrations.aio import aiter_in_thread
 from rapid_integrations.call_options import CALL_NAMES, CallOptions
 from rapid_integrations.config import FIELD_NAMES, Mode, check_mode
 from rapid_integrations.engine_handle import EngineHandle
+from rapid_integrations.openai_logprobs import openai_chat_logprobs, openai_token
+from rapid_integrations.outputs import TokenLogprob
 from rapid_integrations.timeouts import TimedRun
 
 from .messages import (
@@ -333,8 +336,10 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         self, prompt: str, formatted: bool, kwargs: dict[str, Any]
     ) -> CompletionResponseGen:
         engine_prompt = self._completion_prompt(prompt, formatted)
-        for text, delta, out in self._stream(engine_prompt, self._call_args(engine_prompt, kwargs)):
-            yield CompletionResponse(text=text, delta=delta, **_report(out))
+        for step in self._stream(engine_prompt, self._call_args(engine_prompt, kwargs)):
+            yield CompletionResponse(
+                text=step.text, delta=step.delta, logprobs=step.logprobs, **_report(step.output)
+            )
 
     def _completion_prompt(self, prompt: str, formatted: bool) -> str | list[dict[str, str]]:
         """What the engine reads for a completion prompt, as `HuggingFaceLLM` builds it:
@@ -379,9 +384,12 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         """Chat responses; the last one carries the tool calls (the engine parses them once
         the call markup is complete)."""
         prompt = self._chat_prompt(messages)
-        for text, delta, out in self._stream(prompt, self._call_args(prompt, kwargs)):
-            message = assistant_message(text, [] if out is None else out.tool_calls)
-            yield ChatResponse(message=message, delta=delta, **_report(out))
+        for step in self._stream(prompt, self._call_args(prompt, kwargs)):
+            out = step.output
+            message = assistant_message(step.text, [] if out is None else out.tool_calls)
+            yield ChatResponse(
+                message=message, delta=step.delta, logprobs=step.logprobs, **_report(out)
+            )
 
     def _chat_prompt(self, messages: Sequence[ChatMessage]) -> list[dict[str, Any]] | str:
         """OpenAI-shaped messages for the chat template (`messages.to_engine_messages`); text
@@ -467,21 +475,49 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         query = self._query_extractor(_last_user_text(prompt))
         return CallOptions.of({**args, "query": query} if query else args)
 
-    def _stream(
-        self, prompt: str | list[dict[str, Any]], options: CallOptions
-    ) -> Iterator[tuple[str, str, RapidOutput | None]]:
-        """(cumulative text, delta, None) per delta, then ("...", "", output) with the stats.
+    def _stream(self, prompt: str | list[dict[str, Any]], options: CallOptions) -> Iterator[_Step]:
+        """One `_Step` per engine step that released text or log probabilities, then a last,
+        empty one with the output.
 
         The stats exist only once generation has ended, so they ride on a last, empty delta
         (as usage does in other providers' streams). Closing early frees the engine's caches;
         a call past `timeout` raises `RapidTimeoutError`.
         """
         run = TimedRun(self.get_engine().stream(prompt, options=options), self.timeout)
-        text = ""
-        for delta in run:
-            text += delta
-            yield text, delta, None
-        yield text, "", run.output
+        text, logprobs = "", list[list[LogProb]]()
+        for delta in run.deltas():
+            if not (delta.text or delta.logprobs):
+                continue
+            text += delta.text
+            logprobs += as_logprobs(delta.logprobs)
+            yield _Step(text, delta.text, logprobs or None)
+        out = run.output
+        yield _Step(text, "", None if out.logprobs is None else logprobs, out)
+
+
+class _Step(NamedTuple):
+    """What a streamed response carries: the text so far and this step's part of it, the
+    log probabilities so far (None when none were asked for, or none yet), and the
+    `RapidOutput` on the last step only."""
+
+    text: str
+    delta: str
+    logprobs: list[list[LogProb]] | None
+    output: RapidOutput | None = None
+
+
+def as_logprobs(entries: Sequence[TokenLogprob]) -> list[list[LogProb]]:
+    """LlamaIndex's `logprobs`: per token, the emitted token first, then its `top_logprobs`
+    alternatives (most likely first), each with its bytes; -inf floored as in the server's
+    JSON (docs/algorithm.md section 12)."""
+    tokens = [openai_token(e) for e in entries]
+    return [
+        [_logprob(t), *(_logprob(alternative) for alternative in t["top_logprobs"])] for t in tokens
+    ]
+
+
+def _logprob(token: dict[str, Any]) -> LogProb:
+    return LogProb(token=token["token"], logprob=token["logprob"], bytes=token["bytes"])
 
 
 def _renamed(old: dict[str, Any], name: str, value: Any) -> Any:
@@ -563,7 +599,9 @@ def _report(out: RapidOutput | None) -> dict[str, Any]:
         return {}
     stats = out.stats.to_dict()
     usage = {"prompt_tokens": out.prompt_tokens, "completion_tokens": len(out.token_ids)}
-    raw = {"finish_reason": out.finish_reason, "usage": usage, "rapid_stats": stats}
+    raw: dict[str, Any] = {"finish_reason": out.finish_reason, "usage": usage, "rapid_stats": stats}
+    if out.logprobs is not None:  # OpenAI's chat shape, which keeps p_hat_logprob if asked
+        raw["logprobs"] = openai_chat_logprobs(out.logprobs)
     return {"raw": raw, "additional_kwargs": {**usage, "rapid_stats": stats}}
 
 

@@ -72,7 +72,9 @@ def translate_generate_kwargs(kwargs: Mapping[str, Any], name: str) -> dict[str,
     `do_sample=False` means greedy (temperature 0), `do_sample=True` samples at the given
     temperature (1.0, transformers' default, when none is given). `return_full_text=False` is
     what RAPID always does. Anything else raises `RapidConfigError` naming the option; `name`
-    is the argument that held them (e.g. "generate_kwargs"), for the message.
+    is the argument that held them (e.g. "generate_kwargs"), for the message. Values are
+    checked where all of a call's settings meet (`merge_overrides`, the engine's call): a
+    check across fields (`top_logprobs` needs `logprobs`) cannot be made on a part of them.
     """
     out: dict[str, Any] = {}
     options = dict(kwargs)
@@ -94,7 +96,6 @@ def translate_generate_kwargs(kwargs: Mapping[str, Any], name: str) -> dict[str,
         out[target] = value
     if do_sample is not None:
         out["temperature"] = _temperature(bool(do_sample), out.get("temperature"))
-    RapidConfig().replace(**out)
     return out
 
 
@@ -136,7 +137,8 @@ def merge_overrides(*sources: tuple[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 def config_overrides(config: RapidConfig | Mapping[str, Any] | None, name: str) -> dict[str, Any]:
     """A `RapidConfig` (its fields that differ from the defaults) or a mapping of its fields,
-    checked, as overrides."""
+    as overrides; checked with the other settings by `merge_overrides` (see
+    `translate_generate_kwargs`)."""
     if config is None:
         return {}
     if isinstance(config, RapidConfig):
@@ -148,7 +150,6 @@ def config_overrides(config: RapidConfig | Mapping[str, Any] | None, name: str) 
         }
     if not isinstance(config, Mapping):
         raise RapidConfigError(name, f"must be a dict of RapidConfig fields, got {config!r}")
-    RapidConfig().replace(**config)
     return dict(config)
 
 

@@ -243,10 +243,17 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="run the QA and speed suites on tiny random models (a smoke run)",
     )
-    p.add_argument(
+    only = p.add_mutually_exclusive_group()
+    only.add_argument(
         "--constrained",
         action="store_true",
         help="only the JSON-extraction suite under a schema (lc, rag, rapid at 4K and 8K)",
+    )
+    only.add_argument(
+        "--logprobs",
+        action="store_true",
+        help="only the cost of log probabilities per token (lc, rapid at 4K; off, on, "
+        "top-20, p_hat)",
     )
     _common_options(p)
 
@@ -478,6 +485,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
         out = run_constrained_bench(settings)
         print((out / "constrained.md").read_text())
+        return EXIT_OK
+    if args.logprobs:
+        from .bench.logprob_cost import LENGTHS, run_logprob_bench
+
+        out = run_logprob_bench(settings, args.lengths or LENGTHS)
+        print((out / "logprobs.md").read_text())
         return EXIT_OK
     out = run_bench(settings)
     results = json.loads((out / "results.json").read_text())

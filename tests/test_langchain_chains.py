@@ -76,6 +76,15 @@ def _check_streaming(ns: dict[str, Any]) -> None:
     assert ns["batched"] == ns["sequential"]
 
 
+def _check_logprobs(ns: dict[str, Any]) -> None:
+    reply, tokens = ns["capital"], ns["tokens"]
+    assert "Paris" in reply.content
+    assert len(tokens) == reply.usage_metadata["output_tokens"]
+    assert b"".join(bytes(t["bytes"]) for t in tokens).decode() == reply.content
+    assert all(len(t["top_logprobs"]) == 2 and t["logprob"] <= 0 for t in tokens)
+    assert ns["streamed"] == reply.response_metadata["logprobs"]
+
+
 def _check_llm(ns: dict[str, Any]) -> None:
     assert ANSWER in ns["text_answer"]
     assert "\n" not in ns["text_answer"]
@@ -103,6 +112,7 @@ CHECKS: dict[str, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
     "RAG: your vector store feeds the draft": _check_rag,
     "A conversation with message history": _check_history,
     "Streaming, async and batch": _check_streaming,
+    "Log probabilities": _check_logprobs,
     "RapidLLM for string prompts": _check_llm,
     "Coming from `HuggingFacePipeline`": _check_from_model_id,
     "Errors": _check_errors,

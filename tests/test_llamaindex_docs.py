@@ -39,6 +39,16 @@ def _check_streaming(ns: dict[str, Any]) -> None:
     assert ANSWER in ns["streamed"]
 
 
+def _check_logprobs(ns: dict[str, Any]) -> None:
+    scored = ns["scored"]
+    assert "Paris" in scored.text
+    assert len(scored.logprobs) == scored.raw["usage"]["completion_tokens"]
+    assert b"".join(bytes(token[0].bytes) for token in scored.logprobs).decode() == scored.text
+    assert all(len(token) == 3 for token in scored.logprobs)  # emitted + 2 alternatives
+    sizes = ns["sizes"]
+    assert sizes == sorted(sizes) and sizes[0] > 0 and sizes[-1] > 4
+
+
 def _check_summary(ns: dict[str, Any]) -> None:
     assert ANSWER in str(ns["summary_answer"])
 
@@ -63,6 +73,7 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "An LLM and an index": _check_setup,
     'A query engine with `response_mode="compact"`': _check_compact,
     "Streaming through a query engine": _check_streaming,
+    "Log probabilities": _check_logprobs,
     "A summary index over the whole document": _check_summary,
     "A chat engine over several turns": _check_chat,
     "A ReAct agent with one tool": _check_agent,

@@ -239,6 +239,16 @@ def _chat_streaming(folder: Path, engine: RapidEngine) -> None:
     assert len(tokens.tokens) > 1 and "".join(tokens.tokens) == reply.content
 
 
+def _chat_logprobs(folder: Path, engine: RapidEngine) -> None:
+    reply = ChatRapid(engine=engine, max_tokens=6, logprobs=True, top_logprobs=2).invoke(PROMPT)
+    out = engine.generate(TURN, max_new_tokens=6, logprobs=True, top_logprobs=2)
+    content = reply.response_metadata["logprobs"]["content"]
+    assert [(e["token"], e["logprob"]) for e in content] == [
+        (e.token, e.logprob) for e in out.logprobs or ()
+    ]
+    assert all(len(e["top_logprobs"]) == 2 for e in content)
+
+
 def _chat_tools(folder: Path, engine: RapidEngine) -> None:
     """ChatHuggingFace's bind_tools / with_structured_output, by constrained decoding on a
     tiny model that can write JSON: the calls are the engine's own, the answer validates."""
@@ -416,6 +426,7 @@ CHECKS: dict[tuple[str, str], Check] = {
     ("ChatHuggingFace", "`top_p`"): _chat_field("top_p", 0.8, {"top_p": 0.8}),
     ("ChatHuggingFace", "`max_tokens`"): _chat_field("max_tokens", 9, {"max_new_tokens": 9}),
     ("ChatHuggingFace", "`model_kwargs`"): _chat_model_kwargs,
+    ("ChatHuggingFace", "`logprobs`, `top_logprobs`"): _chat_logprobs,
     ("ChatHuggingFace", "`bind_tools`, `with_structured_output`"): _chat_tools,
     ("HuggingFaceLLM", "`model_name`"): _index_model_name,
     ("HuggingFaceLLM", "`model`"): _index_model,

@@ -21,7 +21,7 @@ from typing import Any
 from ..call_options import CallOptions
 from ..config import MAX_TOP_LOGPROBS, RapidConfig
 from ..errors import GrammarError, RapidConfigError, RapidError
-from ..logprobs import openai_chat_logprobs, openai_completion_logprobs
+from ..openai_logprobs import openai_chat_logprobs, openai_completion_logprobs
 from ..outputs import RapidOutput, TokenLogprob
 from ..tokens import Prompt
 from ..tools import Tools
