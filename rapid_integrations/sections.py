@@ -374,12 +374,15 @@ class CallSplitter:
 
 
 def _streamable(arguments: str) -> int:
-    """How much of an open call's argument text can stream: all but a last "}" that only
-    whitespace and a beginning of the close tag follow (it may close the markup's object)."""
+    """How much of an open call's argument text can stream: all but trailing whitespace (the
+    openai SDK's partial JSON parser fails on a piece that ends in it) and a last "}" that
+    only whitespace and a beginning of the close tag follow (it may close the markup's
+    object)."""
+    upto = len(arguments.rstrip())
     brace = arguments.rfind("}")
     if brace < 0:
-        return len(arguments)
+        return upto
     rest = arguments[brace + 1 :]
     space = _CLOSING.match(rest)
     tail = rest[space.end() :] if space else rest
-    return brace if CALL_CLOSE.startswith(tail) else len(arguments)
+    return brace if CALL_CLOSE.startswith(tail) else upto
