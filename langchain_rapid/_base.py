@@ -341,14 +341,19 @@ class RapidParams(BaseModel):
         options = CallOptions.of({"mode": self.mode, **self._config_overrides(), **call})
         return TimedRun(self.get_engine().stream(prompt, options=options), self.timeout)
 
-    def _usage(self, output: RapidOutput) -> dict[str, int]:
-        """Real token counts: the target's prompt and the committed tokens."""
+    def _usage(self, output: RapidOutput) -> dict[str, Any]:
+        """Real token counts: the target's prompt and the committed tokens, of which a
+        reasoning section's (markers included) in `output_token_details`, as ChatOpenAI
+        reports a reasoning model's."""
         generated = len(output.token_ids)
-        return {
+        usage: dict[str, Any] = {
             "input_tokens": output.prompt_tokens,
             "output_tokens": generated,
             "total_tokens": output.prompt_tokens + generated,
         }
+        if output.stats.reasoning_tokens:
+            usage["output_token_details"] = {"reasoning": output.stats.reasoning_tokens}
+        return usage
 
     def _response_metadata(self, output: RapidOutput) -> dict[str, Any]:
         """model_name, finish_reason ("eos" | "stop" | "length") and the run's RapidStats."""

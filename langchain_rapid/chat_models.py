@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -25,12 +24,12 @@ from langchain_core.messages import (
     ChatMessage,
     ToolMessage,
 )
-from langchain_core.messages.tool import tool_call_chunk
+from langchain_core.messages.tool import ToolCallChunk, tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from pydantic import BaseModel, ConfigDict
 
-from rapid_integrations import Delta, RapidConfigError, RapidInputError, RapidOutput
+from rapid_integrations import CallFragment, Delta, RapidConfigError, RapidInputError, RapidOutput
 from rapid_integrations.openai_logprobs import openai_chat_logprobs
 
 from ._base import RapidParams, aiter_in_thread
@@ -128,7 +127,7 @@ class ChatRapid(RapidParams, BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         # No run_manager below: a plain invoke reports no per-token callbacks.
-        return generate_from_stream(self._stream(messages, stop, **kwargs))
+        return generate_from_stream(self._chunks(messages, stop, kwargs, stream_calls=False))
 
     async def _agenerate(
         self,
@@ -137,7 +136,8 @@ class ChatRapid(RapidParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return await agenerate_from_stream(self._astream(messages, stop, **kwargs))
+        chunks = self._achunks(messages, stop, kwargs, None, stream_calls=False)
+        return await agenerate_from_stream(chunks)
 
     def _stream(
         self,
@@ -146,17 +146,10 @@ class ChatRapid(RapidParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        """One chunk per engine step that released text or log probabilities, then a last
-        chunk with the metadata."""
-        run = self._start(to_chat_messages(messages), stop, kwargs)
-        for delta in run.deltas():
-            if not (delta.text or delta.logprobs):
-                continue
-            chunk = _chunk(delta)
-            if run_manager:
+        for chunk in self._chunks(messages, stop, kwargs, stream_calls=True):
+            if run_manager and chunk.message.chunk_position != "last":
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk, logprobs=_logprobs(chunk))
             yield chunk
-        yield self._last_chunk(run.output)
 
     async def _astream(
         self,
@@ -165,9 +158,47 @@ class ChatRapid(RapidParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        """`_stream` run in a worker thread; the event loop stays free between chunks."""
+        async for chunk in self._achunks(messages, stop, kwargs, run_manager, stream_calls=True):
+            yield chunk
+
+    def _chunks(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+        stream_calls: bool,
+    ) -> Iterator[ChatGenerationChunk]:
+        """One chunk per engine step that released anything (answer text, reasoning in
+        `additional_kwargs["reasoning_content"]`, log probabilities, tool-call fragments),
+        then a last chunk with the metadata.
+
+        `stream_calls`: the calls arrive as `tool_call_chunks` as the engine streams their
+        fragments (`stream`); else whole on the last chunk, as the engine parsed them
+        (`invoke`): a call cut off by the token limit streams fragments but is no call
+        (docs/algorithm.md section 11), and a message should not hold a part of one.
+        """
+        run = self._start(to_chat_messages(messages), stop, kwargs)
+        for delta in run.deltas():
+            if (
+                delta.text
+                or delta.reasoning
+                or delta.logprobs
+                or (stream_calls and delta.tool_calls)
+            ):
+                yield _chunk(delta, stream_calls)
+        yield self._last_chunk(run.output, stream_calls)
+
+    async def _achunks(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+        run_manager: AsyncCallbackManagerForLLMRun | None,
+        stream_calls: bool,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        """`_chunks` run in a worker thread; the event loop stays free between chunks."""
         # aclosing: a consumer that stops early stops the worker now, not at garbage collection.
-        stream = aiter_in_thread(lambda: self._stream(messages, stop, **kwargs))
+        stream = aiter_in_thread(lambda: self._chunks(messages, stop, kwargs, stream_calls))
         async with contextlib.aclosing(stream) as chunks:
             async for chunk in chunks:
                 if run_manager and chunk.message.chunk_position != "last":
@@ -176,15 +207,18 @@ class ChatRapid(RapidParams, BaseChatModel):
                     )
                 yield chunk
 
-    def _last_chunk(self, output: RapidOutput) -> ChatGenerationChunk:
-        """The closing chunk: no text, the tool calls (the engine parses them once the call
-        markup is complete), the usage and the response metadata (set once only). A call
-        that asked for log probabilities gets an empty `logprobs` here, so the key is there
-        even when no token was emitted."""
-        calls = [
-            tool_call_chunk(name=c.name, args=json.dumps(c.arguments), id=c.id, index=i)
-            for i, c in enumerate(output.tool_calls)
-        ]
+    def _last_chunk(self, output: RapidOutput, streamed_calls: bool) -> ChatGenerationChunk:
+        """The closing chunk: no text, the tool calls unless they were streamed, the usage
+        and the response metadata (set once only). A call that asked for log probabilities
+        gets an empty `logprobs` here, so the key is there even when no token was emitted."""
+        calls = (
+            []
+            if streamed_calls
+            else [
+                tool_call_chunk(name=c.name, args=c.arguments_json, id=c.id, index=i)
+                for i, c in enumerate(output.tool_calls)
+            ]
+        )
         asked = output.logprobs is not None
         return ChatGenerationChunk(
             message=AIMessageChunk(
@@ -245,12 +279,34 @@ class ChatRapid(RapidParams, BaseChatModel):
         return structured_runnable(self, self.bind_tools, schema, method, include_raw)
 
 
-def _chunk(delta: Delta) -> ChatGenerationChunk:
-    """One step's chunk; its tokens' log probabilities in ChatOpenAI's place and shape
-    (`generation_info["logprobs"] = {"content": [...]}`, which LangChain copies into the
-    chunk's `response_metadata`), so that adding the chunks joins the lists."""
+def _chunk(delta: Delta, stream_calls: bool) -> ChatGenerationChunk:
+    """One step's chunk: its text, its reasoning in `additional_kwargs["reasoning_content"]`
+    (langchain-ollama's and DeepSeek's key, which `content_blocks` reads as a reasoning
+    block), its tool-call fragments as `tool_call_chunks` (an OpenAI-style delta: the first
+    has the call's id and name, later ones argument text) when `stream_calls`, and its
+    tokens' log probabilities in ChatOpenAI's place and shape (`generation_info["logprobs"]
+    = {"content": [...]}`, which LangChain copies into `response_metadata`). Adding the
+    chunks joins each of them."""
+    message = AIMessageChunk(
+        content=delta.text,
+        additional_kwargs={"reasoning_content": delta.reasoning} if delta.reasoning else {},
+        tool_call_chunks=_call_chunks(delta.tool_calls) if stream_calls else [],
+    )
     info = {"logprobs": openai_chat_logprobs(delta.logprobs)} if delta.logprobs else None
-    return ChatGenerationChunk(message=AIMessageChunk(content=delta.text), generation_info=info)
+    return ChatGenerationChunk(message=message, generation_info=info)
+
+
+def _call_chunks(fragments: Sequence[CallFragment]) -> list[ToolCallChunk]:
+    """One `tool_call_chunk` per call of the step: LangChain merges chunks of one index
+    across messages, not within one, so the step's fragments of a call are joined here (its
+    first fragment's id and name, then its argument text)."""
+    calls: dict[int, ToolCallChunk] = {}
+    for f in fragments:
+        if f.index in calls:
+            calls[f.index]["args"] = (calls[f.index]["args"] or "") + f.arguments
+        else:
+            calls[f.index] = tool_call_chunk(name=f.name, args=f.arguments, id=f.id, index=f.index)
+    return list(calls.values())
 
 
 def _logprobs(chunk: ChatGenerationChunk) -> dict[str, Any] | None:
@@ -271,6 +327,8 @@ def to_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
 
 def _as_dict(message: BaseMessage, index: int, names: dict[str | None, str]) -> dict[str, Any]:
     out: dict[str, Any] = {"role": _role(message, index), "content": _text(message, index)}
+    if isinstance(message, AIMessage) and (reasoning := _reasoning(message)):
+        out["reasoning_content"] = reasoning  # the chat template renders or drops it
     if isinstance(message, AIMessage) and message.tool_calls:
         out["tool_calls"] = [
             {
@@ -302,11 +360,21 @@ def _is_tool_use(block: Any) -> bool:
     return block["type"] == "non_standard" and block.get("value", {}).get("type") == "tool_use"
 
 
+def _reasoning(message: AIMessage) -> str:
+    """An AI message's reasoning: its reasoning blocks, which `content_blocks` also makes of
+    `additional_kwargs["reasoning_content"]` (what ChatRapid and langchain-ollama return)."""
+    return "".join(
+        b.get("reasoning", "") for b in message.content_blocks if b["type"] == "reasoning"
+    )
+
+
 def _text(message: BaseMessage, index: int) -> str:
     parts = []
     for block in message.content_blocks:
         if block["type"] in _CALL_BLOCKS or _is_tool_use(block):
             continue  # an AI message's calls: rendered from `tool_calls` by `_as_dict`
+        if block["type"] == "reasoning" and isinstance(message, AIMessage):
+            continue  # passed on as `reasoning_content` by `_as_dict`
         if block["type"] != "text":
             raise RapidInputError(
                 f"message {index}: {block['type']!r} content is not supported; ChatRapid "

@@ -131,9 +131,12 @@ class RapidLLM(RapidParams, BaseLLM):
         return user_turn(prompt)
 
     def _generation_info(self, output: RapidOutput) -> dict[str, Any]:
-        """The last chunk's: metadata, usage, and an empty `logprobs` when the call asked for
-        them (so the key is there even when no token was emitted)."""
+        """The last chunk's: metadata, usage, a reasoning section's text as
+        `reasoning_content` (the text is the answer after it), and an empty `logprobs` when
+        the call asked for them (so the key is there even when no token was emitted)."""
         info = {**self._response_metadata(output), "usage": self._usage(output)}
+        if output.reasoning is not None:
+            info["reasoning_content"] = output.reasoning
         if output.logprobs is not None:
             info["logprobs"] = openai_completion_logprobs(())
         return info

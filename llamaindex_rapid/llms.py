@@ -49,15 +49,17 @@ from rapid_integrations.call_options import CALL_NAMES, CallOptions
 from rapid_integrations.config import FIELD_NAMES, Mode, check_mode
 from rapid_integrations.engine_handle import EngineHandle
 from rapid_integrations.openai_logprobs import openai_chat_logprobs, openai_token
-from rapid_integrations.outputs import TokenLogprob
+from rapid_integrations.outputs import Delta, TokenLogprob
 from rapid_integrations.timeouts import TimedRun
 
 from .messages import (
+    StreamedCall,
     assistant_message,
     check_messages,
     has_tool_turns,
     to_engine_messages,
     tool_selections,
+    with_fragments,
 )
 from .retrievers import as_context_retriever
 from .structured import StructuredByGrammar
@@ -338,7 +340,7 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         engine_prompt = self._completion_prompt(prompt, formatted)
         for step in self._stream(engine_prompt, self._call_args(engine_prompt, kwargs)):
             yield CompletionResponse(
-                text=step.text, delta=step.delta, logprobs=step.logprobs, **_report(step.output)
+                text=step.text, delta=step.delta, logprobs=step.logprobs, **_report(step)
             )
 
     def _completion_prompt(self, prompt: str, formatted: bool) -> str | list[dict[str, str]]:
@@ -381,14 +383,16 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
     def _stream_chat(
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
     ) -> ChatResponseGen:
-        """Chat responses; the last one carries the tool calls (the engine parses them once
-        the call markup is complete)."""
+        """Chat responses, each the answer so far (reasoning, text, tool calls as far as
+        their fragments have come); the last one's calls are the engine's parsed calls (a
+        call cut off by the token limit is none, docs/algorithm.md section 11)."""
         prompt = self._chat_prompt(messages)
         for step in self._stream(prompt, self._call_args(prompt, kwargs)):
             out = step.output
-            message = assistant_message(step.text, [] if out is None else out.tool_calls)
+            calls = step.calls if out is None else out.tool_calls
+            message = assistant_message(step.text, calls, step.reasoning)
             yield ChatResponse(
-                message=message, delta=step.delta, logprobs=step.logprobs, **_report(out)
+                message=message, delta=step.delta, logprobs=step.logprobs, **_report(step)
             )
 
     def _chat_prompt(self, messages: Sequence[ChatMessage]) -> list[dict[str, Any]] | str:
@@ -476,34 +480,50 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         return CallOptions.of({**args, "query": query} if query else args)
 
     def _stream(self, prompt: str | list[dict[str, Any]], options: CallOptions) -> Iterator[_Step]:
-        """One `_Step` per engine step that released text or log probabilities, then a last,
-        empty one with the output.
+        """One `_Step` per engine step that released anything (text, reasoning, log
+        probabilities, tool-call fragments), then a last, empty one with the output.
 
         The stats exist only once generation has ended, so they ride on a last, empty delta
         (as usage does in other providers' streams). Closing early frees the engine's caches;
         a call past `timeout` raises `RapidTimeoutError`.
         """
         run = TimedRun(self.get_engine().stream(prompt, options=options), self.timeout)
-        text, logprobs = "", list[list[LogProb]]()
+        step = _Step()
         for delta in run.deltas():
-            if not (delta.text or delta.logprobs):
-                continue
-            text += delta.text
-            logprobs += as_logprobs(delta.logprobs)
-            yield _Step(text, delta.text, logprobs or None)
+            if delta.text or delta.reasoning or delta.logprobs or delta.tool_calls:
+                step = step.after(delta)
+                yield step
         out = run.output
-        yield _Step(text, "", None if out.logprobs is None else logprobs, out)
+        logprobs = None if out.logprobs is None else step.logprobs or []
+        yield _Step(step.text, "", logprobs, out.reasoning, step.calls, "", out)
 
 
 class _Step(NamedTuple):
     """What a streamed response carries: the text so far and this step's part of it, the
-    log probabilities so far (None when none were asked for, or none yet), and the
-    `RapidOutput` on the last step only."""
+    log probabilities so far (None when none were asked for, or none yet), the reasoning so
+    far (None: none yet) and this step's part of it, the tool calls as far as their
+    fragments have come, and the `RapidOutput` on the last step only."""
 
-    text: str
-    delta: str
-    logprobs: list[list[LogProb]] | None
+    text: str = ""
+    delta: str = ""
+    logprobs: list[list[LogProb]] | None = None
+    reasoning: str | None = None
+    calls: tuple[StreamedCall, ...] = ()
+    thinking_delta: str = ""
     output: RapidOutput | None = None
+
+    def after(self, delta: Delta) -> _Step:
+        """The next step: this one with `delta` added."""
+        logprobs = (self.logprobs or []) + as_logprobs(delta.logprobs)
+        reasoning = (self.reasoning or "") + delta.reasoning
+        return _Step(
+            self.text + delta.text,
+            delta.text,
+            logprobs or None,
+            reasoning or None,
+            with_fragments(self.calls, delta.tool_calls),
+            delta.reasoning,
+        )
 
 
 def as_logprobs(entries: Sequence[TokenLogprob]) -> list[list[LogProb]]:
@@ -593,16 +613,24 @@ def _last_user_text(prompt: str | list[dict[str, Any]]) -> str:
     return next((m["content"] for m in reversed(prompt) if m["role"] == "user"), "")
 
 
-def _report(out: RapidOutput | None) -> dict[str, Any]:
-    """`raw` and `additional_kwargs` of a response: usage (for token counters) and stats."""
+def _report(step: _Step) -> dict[str, Any]:
+    """`raw` and `additional_kwargs` of a response: this step's reasoning as
+    `thinking_delta` (llama-index-llms-ollama's and -openai's key, which agents stream), and
+    on the last one usage (for token counters), stats and the whole `reasoning_content`."""
+    out = step.output
     if out is None:
-        return {}
+        return (
+            {"additional_kwargs": {"thinking_delta": step.thinking_delta}}
+            if step.thinking_delta
+            else {}
+        )
     stats = out.stats.to_dict()
     usage = {"prompt_tokens": out.prompt_tokens, "completion_tokens": len(out.token_ids)}
     raw: dict[str, Any] = {"finish_reason": out.finish_reason, "usage": usage, "rapid_stats": stats}
     if out.logprobs is not None:  # OpenAI's chat shape, which keeps p_hat_logprob if asked
         raw["logprobs"] = openai_chat_logprobs(out.logprobs)
-    return {"raw": raw, "additional_kwargs": {**usage, "rapid_stats": stats}}
+    extra = {"reasoning_content": out.reasoning} if out.reasoning is not None else {}
+    return {"raw": raw, "additional_kwargs": {**usage, "rapid_stats": stats, **extra}}
 
 
 def _last(responses: Iterator[R]) -> R:

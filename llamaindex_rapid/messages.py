@@ -4,12 +4,15 @@ History goes to the engine in the OpenAI shapes (docs/algorithm.md section 11 re
 role/content dicts, an assistant's `tool_calls` (from its `ToolCallBlock`s, else from
 `additional_kwargs["tool_calls"]`) and a tool result's `tool_call_id` and `name`. Answers come
 back as assistant messages whose calls are `ToolCallBlock`s, with the OpenAI `tool_calls` in
-`additional_kwargs` too, as llama-index-llms-openai returns them.
+`additional_kwargs` too, and whose reasoning is a `ThinkingBlock`, as llama-index-llms-openai
+returns them; an earlier answer's `ThinkingBlock` goes back as its `reasoning_content`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from llama_index.core.base.llms.types import (
@@ -17,11 +20,13 @@ from llama_index.core.base.llms.types import (
     ChatResponse,
     MessageRole,
     TextBlock,
+    ThinkingBlock,
     ToolCallBlock,
 )
 from llama_index.core.llms.llm import ToolSelection
+from llama_index.core.llms.utils import parse_partial_json
 
-from rapid_integrations import RapidInputError, ToolCall
+from rapid_integrations import CallFragment, RapidInputError, ToolCall
 
 # LlamaIndex roles with no chat-template counterpart, mapped to the nearest standard role.
 _ROLES = {
@@ -72,6 +77,9 @@ def to_engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             "role": _ROLES.get(message.role, message.role.value),
             "content": message.content or "",
         }
+        thinking = [b.content for b in message.blocks if isinstance(b, ThinkingBlock) and b.content]
+        if thinking:  # an earlier answer's reasoning: the chat template renders or drops it
+            item["reasoning_content"] = "".join(thinking)
         calls = _calls(message)
         if calls:
             item["tool_calls"] = calls
@@ -100,14 +108,54 @@ def _calls(message: ChatMessage) -> list[Any]:
     return [c.model_dump() if hasattr(c, "model_dump") else c for c in calls]
 
 
-def assistant_message(text: str, calls: Sequence[ToolCall] = ()) -> ChatMessage:
-    """An answer: its text (a block only when there is text or no call), then its calls."""
-    blocks: list[Any] = [TextBlock(text=text)] if text or not calls else []
+@dataclass(frozen=True)
+class StreamedCall:
+    """A tool call as far as its streamed fragments have come: `arguments` is a beginning of
+    its arguments' JSON text (the whole of it once the call is complete)."""
+
+    id: str
+    name: str
+    arguments: str = ""
+
+
+def with_fragments(
+    calls: tuple[StreamedCall, ...], fragments: Sequence[CallFragment]
+) -> tuple[StreamedCall, ...]:
+    """`calls` with one step's fragments added (docs/algorithm.md section 11: a call's first
+    fragment names it, the next ones carry argument text)."""
+    out = list(calls)
+    for f in fragments:
+        if f.index == len(out):
+            out.append(StreamedCall(f.id or "", f.name or ""))
+        out[f.index] = dataclasses.replace(
+            out[f.index], arguments=out[f.index].arguments + f.arguments
+        )
+    return tuple(out)
+
+
+def assistant_message(
+    text: str,
+    calls: Sequence[ToolCall | StreamedCall] = (),
+    reasoning: str | None = None,
+) -> ChatMessage:
+    """An answer: its reasoning (a `ThinkingBlock`), its text (a block only when there is
+    text or no call), then its calls, as `ToolCallBlock`s and in OpenAI's shape in
+    `additional_kwargs["tool_calls"]` (llama-index-llms-openai's). A call still streaming
+    has its arguments as partial JSON text, as llama-index-llms-openai's streamed ones."""
+    blocks: list[Any] = [ThinkingBlock(content=reasoning)] if reasoning else []
+    blocks += [TextBlock(text=text)] if text or not calls else []
     blocks += [
         ToolCallBlock(tool_call_id=c.id, tool_name=c.name, tool_kwargs=c.arguments) for c in calls
     ]
-    extra = {"tool_calls": [c.to_openai() for c in calls]} if calls else {}
+    extra = {"tool_calls": [_openai_call(c) for c in calls]} if calls else {}
     return ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks, additional_kwargs=extra)
+
+
+def _openai_call(call: ToolCall | StreamedCall) -> dict[str, Any]:
+    if isinstance(call, ToolCall):
+        return call.to_openai()
+    function = {"name": call.name, "arguments": call.arguments}
+    return {"id": call.id, "type": "function", "function": function}
 
 
 def tool_selections(response: ChatResponse, error_on_no_tool_call: bool) -> list[ToolSelection]:
@@ -121,8 +169,17 @@ def tool_selections(response: ChatResponse, error_on_no_tool_call: bool) -> list
             "to get an empty list"
         )
     return [
-        ToolSelection(
-            tool_id=b.tool_call_id or "", tool_name=b.tool_name, tool_kwargs=b.tool_kwargs
-        )
+        ToolSelection(tool_id=b.tool_call_id or "", tool_name=b.tool_name, tool_kwargs=_kwargs(b))
         for b in blocks
     ]
+
+
+def _kwargs(block: ToolCallBlock) -> dict[str, Any]:
+    """A call's arguments; a streaming call's partial JSON text read as far as it goes, with
+    LlamaIndex's own `parse_partial_json` (as llama-index-llms-openai does)."""
+    if isinstance(block.tool_kwargs, dict):
+        return block.tool_kwargs
+    try:
+        return parse_partial_json(block.tool_kwargs)
+    except (ValueError, TypeError):
+        return {}
