@@ -65,8 +65,10 @@ class ChatRapid(RapidParams, BaseChatModel):
         ```
 
     `response_metadata` holds `model_name`, `finish_reason` and `rapid_stats` (the run's
-    `RapidStats` as a dict: acceptance rate, context sizes, timings, decode tokens/s);
-    `usage_metadata` holds the target's prompt tokens and the generated tokens.
+    `RapidStats` as a dict: acceptance rate, context sizes, timings, decode tokens/s), and
+    with `logprobs=True` ChatOpenAI's `logprobs`; `usage_metadata` holds the target's prompt
+    tokens and the generated tokens. A reasoning model's section is in
+    `additional_kwargs["reasoning_content"]` (docs/langchain.md).
     """
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, protected_namespaces=())

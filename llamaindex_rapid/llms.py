@@ -128,6 +128,8 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
     Tools (`chat_with_tools`, `FunctionAgent`) reach the engine as OpenAI specs, and decoding
     is constrained to valid calls (docs/algorithm.md section 11); `structured_predict` and
     `as_structured_llm` are constrained to the output class's JSON schema (section 10).
+    `logprobs=True` fills the responses' `logprobs` (section 12); a reasoning model's section
+    is a `ThinkingBlock` (section 13); streamed responses carry the calls as far as written.
     """
 
     model_name: str = Field(description="The target model's name (metadata, tracing).")

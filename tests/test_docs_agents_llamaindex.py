@@ -7,21 +7,25 @@ in the answer, the structured answers, the cut-off error) are tested rather than
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.doc_examples import DOCS, python_sections
+from tests.test_langchain_reasoning import save_reasoning_model
 
 SECTION = "LlamaIndex"
 
 
 @pytest.mark.slow
-def test_the_llamaindex_examples_run_and_say_what_the_page_says() -> None:
+def test_the_llamaindex_examples_run_and_say_what_the_page_says(tmp_path: Path) -> None:
+    from llama_index.core.base.llms.types import ThinkingBlock
+
     from llamaindex_rapid import StructuredOutputError
 
     code = dict(python_sections(DOCS / "agents.md"))[SECTION]
-    ns: dict[str, Any] = {}
+    ns: dict[str, Any] = {"reasoning_model": str(save_reasoning_model(tmp_path))}
     # dont_inherit: this module's `from __future__ import annotations` would turn the tools'
     # annotations into strings, which FunctionTool cannot resolve in this namespace.
     exec(compile(code, f"docs/agents.md ## {SECTION}", "exec", dont_inherit=True), ns)
@@ -29,6 +33,16 @@ def test_the_llamaindex_examples_run_and_say_what_the_page_says() -> None:
     assert result.tool_kwargs == {"box": "blue"}
     assert result.tool_output.content == "The blue box holds the code 9052."
     assert "9052" in ns["answer"]
+    growing = ns["growing"]
+    assert len(growing) > 1 and growing[-1] == {"box": "green"}
+    assert ns["scored_call"].logprobs
+    assert isinstance(ns["thinking"], ThinkingBlock) and ns["thinking"].content
+    [selection] = ns["thinker"].get_tool_calls_from_response(ns["thought_call"])
+    assert selection.tool_name == "get_code" and selection.tool_kwargs["box"] in (
+        "red",
+        "blue",
+        "green",
+    )
     capital = ns["Capital"]
     assert ns["germany"] == capital(country="Germany", capital="Berlin")
     assert ns["reply"].raw == capital(country="Spain", capital="Madrid")

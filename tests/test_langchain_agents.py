@@ -17,6 +17,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 
 from rapid_integrations import RapidInputError
 from tests.doc_examples import DOCS, python_subsections
+from tests.test_langchain_reasoning import save_reasoning_model
 
 PAGE = DOCS / "agents.md"
 SECTIONS = python_subsections(PAGE, "LangChain")
@@ -41,6 +42,18 @@ def _check_bind_tools(ns: dict[str, Any]) -> None:
         "37",
     )
     assert "teapot" in ns["call_message"].tool_calls[0]["args"]["product"]
+
+
+def _check_streamed(ns: dict[str, Any]) -> None:
+    invoked = [(c["name"], c["args"]) for c in ns["call_message"].tool_calls]
+    assert [(c["name"], c["args"]) for c in ns["streamed_call"].tool_calls] == invoked
+    assert sum(bool(c.tool_call_chunks) for c in ns["call_chunks"]) > 1  # streamed
+    scored = ns["scored_call"]
+    assert [(c["name"], c["args"]) for c in scored.tool_calls] == invoked  # same call, scored
+    assert len(ns["call_tokens"]) == scored.usage_metadata["output_tokens"]
+    thought = ns["thought_call"]
+    assert thought.additional_kwargs["reasoning_content"]
+    assert [c["name"] for c in thought.tool_calls] == ["get_weather"]
 
 
 def _check_structured(ns: dict[str, Any]) -> None:
@@ -74,6 +87,7 @@ def _check_bad_input(ns: dict[str, Any]) -> None:
 
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "Tool calls with `bind_tools`": _check_bind_tools,
+    "Streamed calls, log probabilities and reasoning": _check_streamed,
     "Structured output": _check_structured,
     "An agent with `create_agent`": _check_create_agent,
     "A LangGraph agent": _check_langgraph,
@@ -82,8 +96,9 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
 
 
 @pytest.fixture(scope="module")
-def namespace() -> dict[str, Any]:
-    return {}
+def namespace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = save_reasoning_model(tmp_path_factory.mktemp("reasoning-model"))
+    return {"reasoning_model": str(folder)}
 
 
 def test_every_langchain_example_is_checked() -> None:

@@ -18,6 +18,7 @@ from rapid_integrations import RapidInputError
 from rapid_integrations.bench.recall import haystack
 from tests.doc_examples import DOCS, python_sections
 from tests.retrieval_fixtures import smol_tokenizer
+from tests.test_langchain_reasoning import save_reasoning_model
 
 PAGE = DOCS / "langchain.md"
 SECTIONS = python_sections(PAGE)
@@ -85,6 +86,21 @@ def _check_logprobs(ns: dict[str, Any]) -> None:
     assert ns["streamed"] == reply.response_metadata["logprobs"]
 
 
+def _check_reasoning(ns: dict[str, Any]) -> None:
+    thought = ns["thought"]
+    reasoning = thought.additional_kwargs["reasoning_content"]
+    assert reasoning and thought.content_blocks[0] == {"type": "reasoning", "reasoning": reasoning}
+    details = thought.usage_metadata["output_token_details"]
+    assert details == {"reasoning": 12 + len("</think>")}  # the budget, then the end marker
+    assert ns["streamed_thought"] == reasoning
+    chunks = ns["call_chunks"]
+    assert sum(bool(c.tool_call_chunks) for c in chunks) > 1  # streamed, not only at the end
+    [call] = ns["streamed_call"].tool_calls
+    assert call["name"] == "get_weather" and set(call["args"]) == {"city"}
+    invoked = ns["caller"].invoke("Weather in Paris?").tool_calls
+    assert [(c["name"], c["args"]) for c in invoked] == [(call["name"], call["args"])]
+
+
 def _check_llm(ns: dict[str, Any]) -> None:
     assert ANSWER in ns["text_answer"]
     assert "\n" not in ns["text_answer"]
@@ -113,6 +129,7 @@ CHECKS: dict[str, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
     "A conversation with message history": _check_history,
     "Streaming, async and batch": _check_streaming,
     "Log probabilities": _check_logprobs,
+    "Reasoning models and streamed tool calls": _check_reasoning,
     "RapidLLM for string prompts": _check_llm,
     "Coming from `HuggingFacePipeline`": _check_from_model_id,
     "Errors": _check_errors,
@@ -120,11 +137,15 @@ CHECKS: dict[str, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
 
 
 @pytest.fixture(scope="module")
-def namespace() -> dict[str, Any]:
-    """The page's namespace: `document` is standard-library docstrings with FACT in the middle."""
+def namespace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The page's namespace: `document` is standard-library docstrings with FACT in the middle;
+    `reasoning_model` a tiny model folder whose template opens a think section."""
     paragraphs = haystack(DOCUMENT_TOKENS, smol_tokenizer())
     middle = len(paragraphs) // 2
-    return {"document": "\n\n".join([*paragraphs[:middle], FACT, *paragraphs[middle:]])}
+    return {
+        "document": "\n\n".join([*paragraphs[:middle], FACT, *paragraphs[middle:]]),
+        "reasoning_model": str(save_reasoning_model(tmp_path_factory.mktemp("reasoning-model"))),
+    }
 
 
 def test_every_docs_section_with_code_is_checked() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import operator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
 from langchain_rapid import ChatRapid
 from langchain_rapid.chat_models import to_chat_messages
 from rapid_integrations import RapidConfig, RapidEngine
+from tests.serve_fixtures import save_tiny_model
 from tests.test_reasoning import OPEN_TEMPLATE, QUESTIONS, WEATHER
 from tests.tiny import JSON_ALPHABET, char_tokenizer, tiny_llama
 
@@ -30,11 +32,24 @@ def chat(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
 
 
+def reasoning_tokenizer() -> Any:
+    """The character tokenizer that writes JSON and the call markup, with a chat template
+    that opens a think section (tests/test_reasoning.py's)."""
+    tok = char_tokenizer(JSON_ALPHABET + "\n")
+    tok.chat_template = OPEN_TEMPLATE
+    return tok
+
+
+def save_reasoning_model(folder: Path) -> Path:
+    """A tiny random model with `reasoning_tokenizer()`, saved as a model folder (the docs'
+    `reasoning_model`)."""
+    return save_tiny_model(folder, reasoning_tokenizer(), window=2048)
+
+
 def reasoning_engine() -> RapidEngine:
     """tests/test_reasoning.py's tiny pair: JSON and call markup, a template that opens a
     think section; greedy, eta = 0."""
-    tok = char_tokenizer(JSON_ALPHABET + "\n")
-    tok.chat_template = OPEN_TEMPLATE
+    tok = reasoning_tokenizer()
     target = tiny_llama(len(tok), seed=11, window=1024, dtype=torch.float32)
     draft = tiny_llama(len(tok), seed=12, layers=1, window=1024, dtype=torch.float32)
     return RapidEngine(target, draft, tokenizer=tok, config=RapidConfig(eta=0.0, max_new_tokens=60))

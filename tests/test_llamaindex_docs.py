@@ -7,14 +7,17 @@ page's claims (right answers, stats, errors) are tested rather than only run.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from llama_index.core.base.llms.types import ThinkingBlock, ToolCallBlock
 
 from rapid_integrations import ContextWindowExceededError
 from tests.doc_examples import DOCS, python_sections
 from tests.llamaindex_data import ANSWER, long_document
+from tests.test_langchain_reasoning import save_reasoning_model
 
 DOC = DOCS / "llamaindex.md"
 SECTIONS = python_sections(DOC)
@@ -49,6 +52,24 @@ def _check_logprobs(ns: dict[str, Any]) -> None:
     assert sizes == sorted(sizes) and sizes[0] > 0 and sizes[-1] > 4
 
 
+def _check_reasoning(ns: dict[str, Any]) -> None:
+    thinking, answer = ns["thinking"], ns["answer"]
+    assert isinstance(thinking, ThinkingBlock) and thinking.content
+    assert ns["thought"].message.content == answer.text
+    assert ns["streamed_thought"] == thinking.content
+    responses = ns["call_stream"]
+    streamed = [
+        b.tool_kwargs
+        for r in responses[:-1]
+        for b in r.message.blocks
+        if isinstance(b, ToolCallBlock)
+    ]
+    assert len(streamed) > 1 and all(isinstance(a, str) for a in streamed)  # partial JSON text
+    [selection] = ns["selections"]
+    assert selection.tool_name == "get_weather" and set(selection.tool_kwargs) == {"city"}
+    assert json.loads(streamed[-1]) == selection.tool_kwargs
+
+
 def _check_summary(ns: dict[str, Any]) -> None:
     assert ANSWER in str(ns["summary_answer"])
 
@@ -74,6 +95,7 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     'A query engine with `response_mode="compact"`': _check_compact,
     "Streaming through a query engine": _check_streaming,
     "Log probabilities": _check_logprobs,
+    "Reasoning models and streamed tool calls": _check_reasoning,
     "A summary index over the whole document": _check_summary,
     "A chat engine over several turns": _check_chat,
     "A ReAct agent with one tool": _check_agent,
@@ -82,8 +104,9 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
 
 
 @pytest.fixture(scope="module")
-def namespace() -> dict[str, Any]:
-    return {"long_text": long_document()}
+def namespace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = save_reasoning_model(tmp_path_factory.mktemp("reasoning-model"))
+    return {"long_text": long_document(), "reasoning_model": str(folder)}
 
 
 def test_every_section_with_code_is_checked() -> None:
