@@ -209,13 +209,13 @@ class ChatRapid(RapidParams, BaseChatModel):
                     )
                 yield chunk
 
-    def _last_chunk(self, output: RapidOutput, streamed_calls: bool) -> ChatGenerationChunk:
+    def _last_chunk(self, output: RapidOutput, stream_calls: bool) -> ChatGenerationChunk:
         """The closing chunk: no text, the tool calls unless they were streamed, the usage
         and the response metadata (set once only). A call that asked for log probabilities
         gets an empty `logprobs` here, so the key is there even when no token was emitted."""
         calls = (
             []
-            if streamed_calls
+            if stream_calls
             else [
                 tool_call_chunk(name=c.name, args=c.arguments_json, id=c.id, index=i)
                 for i, c in enumerate(output.tool_calls)

@@ -116,5 +116,7 @@ def test_every_section_with_code_is_checked() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("heading", "code"), SECTIONS, ids=list(CHECKS))
 def test_docs_example(heading: str, code: str, namespace: dict[str, Any]) -> None:
-    exec(compile(code, f"{DOC.name}: {heading}", "exec"), namespace)
+    # dont_inherit: this module's `from __future__ import annotations` would turn the tools'
+    # annotations into strings, which FunctionTool cannot resolve in this namespace.
+    exec(compile(code, f"{DOC.name}: {heading}", "exec", dont_inherit=True), namespace)
     CHECKS[heading](namespace)
