@@ -5,9 +5,10 @@ transformers' SDPA path handles several queries with grouped-query attention (GQ
 ~1 GB of writes per pass for SmolLM2 in fp32). Here the query heads that share a KV head are
 folded into the query-length axis instead, so the cache is read in place:
     query [1, Hq, q, d] -> [1, Hkv, (Hq / Hkv) * q, d],  mask [1, 1, q, kv] tiled to match.
-On CPU in bf16/fp16, PyTorch's flash kernel is slow for few queries (3.6 ms a layer at 8K for
-one query, measured), so the scores are two matmuls with an fp32 softmax instead. Long query
-blocks (prefill) and anything unusual go to transformers' own SDPA function unchanged.
+On CPU in bf16/fp16, PyTorch's flash kernel is slow for few queries (measured in
+docs/performance.md, "Why these defaults"), so the scores are two matmuls with an fp32 softmax
+instead. Long query blocks (prefill) and anything unusual go to transformers' own SDPA
+function unchanged.
 """
 
 from __future__ import annotations

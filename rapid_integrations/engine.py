@@ -148,8 +148,8 @@ class RapidEngine:
     "int4-weight" (CPU) or "int8" drafts with a cheaper in-memory copy of the draft (of the
     target, under self-speculation); outputs stay exact, acceptance may drop (int8 loses
     most). "none" drafts with the draft as loaded. "auto" (the default; None means it too) is
-    "int4-weight" for self-speculation of a bf16 model on a CPU, where it was measured (a draft
-    forward 0.54-0.62x bf16's, the same tokens accepted), and "none" elsewhere;
+    "int4-weight" for self-speculation of a bf16 model on a CPU, where it was measured to pay
+    (docs/performance.md, "int4 groups of 32: the default draft on the CPU"), else "none";
     `engine.draft_precision` says which was chosen.
     Models that use SDPA are switched to `attention.rapid_attention`, the same math without
     copying the grouped-query KV cache on verify passes.

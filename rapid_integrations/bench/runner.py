@@ -62,8 +62,8 @@ ADAPTIVE = (("adaptive_gamma", "measured"), ("speculate_min_context", "auto"))
 """The adaptive variant: gamma is the argmax of expected tokens per second from the call's
 own timed costs and recent acceptance, and the call stops drafting where its passes measure
 slower than a plain target step (docs/algorithm.md section 2.9). No confidence stop: with
-eta > 0 the target leans toward the draft, so doubtful drafts are still kept (one 8K speed
-run: transformers' heuristic with its 0.4 stop 1.23x lc, this variant 1.39x; docs/performance.md)."""
+eta > 0 the target leans toward the draft, so doubtful drafts are still kept (measured in
+docs/performance.md, "Why these defaults")."""
 NO_LOOKUP = (("lookup_ngram", 0),)
 VARIANTS: dict[str, tuple[tuple[str, Any], ...]] = {
     "adaptive": ADAPTIVE,
@@ -193,7 +193,8 @@ QUICK: dict[str, Any] = {
     "rope_lengths": (),
 }
 """The `--quick` preset: one task per (kind, length), three eta values, the speed suite at 8K
-only. A 16K RoPE-scaled run adds about 3 minutes on 2 cores (`--rope-lengths 16384`)."""
+only; `--rope-lengths 16384` adds a 16K RoPE-scaled run (its cost: docs/benchmarks.md,
+"Presets and options")."""
 LONG: dict[str, Any] = {
     "long": True,
     "lengths": (16384, 32768),
