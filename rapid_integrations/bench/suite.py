@@ -30,6 +30,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..config import check_choice
 from ..demo_data import demo_messages
 from ..errors import RapidConfigError
 from ..retrieval.base import TokenizerLike, count_tokens
@@ -72,8 +73,7 @@ _LAST = ("Okafor", "Lindqvist", "Haddad", "Moreau", "Tanaka", "Novak", "Ferreira
 
 def task_seed(split: str, index: int) -> int:
     """The seed of the `index`-th task of a cell in `split`: dev even, test odd."""
-    if split not in SPLITS:
-        raise RapidConfigError("split", f"must be one of {SPLITS}, got {split!r}")
+    check_choice("split", split, SPLITS)
     return 2 * index + SPLITS.index(split)
 
 
