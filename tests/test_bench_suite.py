@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import pytest
@@ -11,9 +12,12 @@ from rapid_integrations import RapidConfigError
 from rapid_integrations.bench.runner import BenchSettings
 from rapid_integrations.bench.scoring import abstains, first_number, score
 from rapid_integrations.bench.suite import (
+    _FIRST,
+    _LAST,
     ABSENT_ANSWER,
     QUESTION_KINDS,
     SPLITS,
+    _Draw,
     build_suite,
     make_task,
     split_of,
@@ -147,6 +151,20 @@ def test_text_kinds_are_of_different_nature(dev):
     assert not any(stamp.search(text) for text in by_text["story"] + by_text["docs"])
     assert all(text.count("Ada") + text.count("Bruno") > 3 for text in by_text["story"])
     assert all("Return" in text or "return" in text for text in by_text["docs"])
+
+
+def test_planted_numbers_and_names_avoid_those_of_the_text_and_each_other():
+    """Where the filler holds almost every 4-digit number and person's name, the draws take
+    the few left, each once (the filler naming an answer would make the fact not the only
+    sentence that answers)."""
+    left = {"1234", "5678", "9012"}
+    numbers = [str(n) for n in range(1000, 10000) if str(n) not in left]
+    people = [f"{first} {last}" for first in _FIRST for last in _LAST]
+    free = set(people[:3])
+    filler = "\n".join([*numbers, *(p + " said hello." for p in people[3:])])
+    draw = _Draw(random.Random(0), filler)
+    assert {draw.number() for _ in range(3)} == left
+    assert {draw.person() for _ in range(3)} == free
 
 
 def test_dev_and_test_never_share_a_seed(smol_tokenizer):

@@ -118,18 +118,21 @@ class _Plan:
 
 
 class _Draw:
-    """The task's RNG and the names and numbers it has used (so no two collide, and no number
-    of the filler text is an answer)."""
+    """The task's RNG and the names and numbers it has drawn: a draw is new, and not a word
+    (or run of words) of the filler text, so no two facts share a name and the filler never
+    answers a question."""
 
     def __init__(self, rng: random.Random, filler: str) -> None:
-        self.rng = rng
-        self.used = set(re.findall(r"\d+", filler))
+        self.rng, self.filler = rng, filler
+        self.used: set[str] = set()
 
     def _fresh(self, make: Callable[[], str]) -> str:
-        while (value := make()) in self.used:
-            pass
-        self.used.add(value)
-        return value
+        while True:
+            value = make()
+            named = re.search(rf"(?<!\w){re.escape(value)}(?!\w)", self.filler)
+            if value not in self.used and not named:
+                self.used.add(value)
+                return value
 
     def number(self) -> str:
         return self._fresh(lambda: str(self.rng.randrange(1000, 10000)))
