@@ -295,7 +295,7 @@ def test_broad_test_half_runs_odd_seeds_and_scores_by_each_tasks_rule(
     measure = runner.measure_engine
 
     def declining(*args, **kwargs):
-        return dataclasses.replace(measure(*args, **kwargs), answer="It is not in the document.")
+        return dataclasses.replace(measure(*args, **kwargs), answer="I have no information.")
 
     monkeypatch.setattr(runner, "measure_engine", declining)
     flags = "--split test --tasks 2 --texts story --kinds absent,count --methods lc"
