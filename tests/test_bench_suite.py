@@ -283,6 +283,13 @@ def test_broad_quick_run_keeps_every_answer_with_its_kinds_and_split(tmp_path, c
     )
     # The methods after the first reuse the task's prompt KV.
     assert all(r["cached_prefix_tokens"] > 0 for r in records if r["method"] == "rapid")
+    report = (tmp_path / "broad" / "results.md").read_text()
+    assert "Preset: broad suite quick, dev half, 1 task(s) per text and question kind" in report
+    header = (
+        "| method | tasks | accuracy | single | two | hop | absent | chat | count | text docs |"
+    )
+    assert "## Broad suite, dev half: accuracy by kind (greedy)" in report and header in report
+    assert "| lc | 18 |" in report and "## Speed-only runs" not in report
 
 
 def test_broad_test_half_runs_odd_seeds_and_scores_by_each_tasks_rule(

@@ -10,7 +10,7 @@ from .suite import QUESTION_KINDS
 from .summary import GROUP_KEYS, QA_SUITES, TASK_ALL, Record, find_row
 from .texts import TEXT_KINDS
 
-KIND_ORDER = list(dict.fromkeys((*TASK_KINDS, *QUESTION_KINDS)))
+KIND_ORDER = list(dict.fromkeys((*QUESTION_KINDS, *TASK_KINDS)))  # keeps single, two, chat
 
 
 def markdown(
@@ -49,14 +49,22 @@ def _machine_line(meta: dict[str, Any]) -> str:
         f"{meta.get('draft_precision')}; torch {m.get('torch')}, "
         f"transformers {m.get('transformers')}, Python {m.get('python')}. "
         f"Load average at start {m.get('load_average_start')}, at end {m.get('load_average_end')}. "
-        f"Preset: {_preset_name(s)}, {s.get('per_cell')} task(s) per kind "
-        f"and length, seed {s.get('seed')}" + (f"; wall time {wall / 60:.1f} min." if wall else ".")
+        f"Preset: {_preset_name(s)}, {s.get('per_cell')} task(s) per {_cell_name(s)}, "
+        f"seed {s.get('seed')}" + (f"; wall time {wall / 60:.1f} min." if wall else ".")
     )
 
 
 def _preset_name(settings: dict[str, Any]) -> str:
     names = ("quick", "long", "eta_sweep", "prefill")
-    return next((n.replace("_", "-") for n in names if settings.get(n)), "full")
+    name = next((n.replace("_", "-") for n in names if settings.get(n)), "full")
+    if settings.get("suite") == "broad":
+        return f"broad suite{' quick' if name == 'quick' else ''}, {settings['split']} half"
+    return name
+
+
+def _cell_name(settings: dict[str, Any]) -> str:
+    broad = settings.get("suite") == "broad"
+    return "text and question kind, lengths in turn" if broad else "kind and length"
 
 
 def length_name(tokens: int) -> str:
