@@ -137,6 +137,9 @@ class _Draw:
     def number(self) -> str:
         return self._fresh(lambda: str(self.rng.randrange(1000, 10000)))
 
+    def city(self) -> str:
+        return self._fresh(lambda: self.rng.choice(CITIES))
+
     def person(self) -> str:
         return self._fresh(lambda: f"{self.rng.choice(_FIRST)} {self.rng.choice(_LAST)}")
 
@@ -161,7 +164,7 @@ def _single(draw: _Draw) -> _Plan:
 
 
 def _two(draw: _Draw) -> _Plan:
-    subject, code, city = draw.subject(), draw.number(), draw.rng.choice(CITIES)
+    subject, code, city = draw.subject(), draw.number(), draw.city()
     # One fact in each half of the text, so the two are never in the same passage.
     place = (place_fact(subject, city), draw.depth(0.05, 0.45))
     facts = (place, (code_fact(subject, code), draw.depth(0.55, 0.95)))
