@@ -223,7 +223,12 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         type=_words,
         help="task kinds: single,two,chat (--suite broad: also hop,absent,count)",
     )
-    p.add_argument("--tasks", dest="per_cell", type=int, help="tasks per kind and length")
+    p.add_argument(
+        "--tasks",
+        dest="per_cell",
+        type=int,
+        help="tasks per kind and length (--suite broad: per text and question kind)",
+    )
     p.add_argument("--methods", type=_words, help="lc,rag,sd,rapid,hf,hf-pld (--long too)")
     p.add_argument("--etas", type=_floats, help="eta values of rapid, e.g. 0,5,10")
     p.add_argument(
