@@ -465,6 +465,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
     """`rapid bench`: run the benchmark, write DIR/results.json, results.md and plots."""
     from .bench.runner import BenchSettings, run_bench
 
+    broad_only = [f for f, v in (("--split", args.split), ("--texts", args.texts)) if v]
+    if broad_only and args.suite != "broad":  # never ignored silently
+        raise RapidConfigError("suite", f"{' and '.join(broad_only)} need --suite broad")
     settings = BenchSettings.preset(
         args.preset or "full",
         gammas=args.gammas,

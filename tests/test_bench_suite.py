@@ -318,3 +318,9 @@ def test_broad_test_half_runs_odd_seeds_and_scores_by_each_tasks_rule(
         ("absent", 1.0),
         ("count", 0.0),
     ] * 2
+
+
+@pytest.mark.parametrize("flags", [["--split", "test"], ["--texts", "story"]])
+def test_broad_only_flags_are_refused_without_the_broad_suite(flags, capsys):
+    assert main(["bench", "--tiny-models", "--quick", *flags]) == 2  # not a standard run
+    assert f"{flags[0]} need --suite broad" in capsys.readouterr().err
