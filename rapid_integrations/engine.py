@@ -454,13 +454,13 @@ class RapidEngine:
         draft = self._start(self.draft, plan.draft_ids, limit, cfg)
         stats.draft_cached_prefix_tokens = draft.reused_tokens
         shaping = self._constraints(plan, self.draft, "the draft model")
-        proposer: Proposer = ModelProposer(draft, cfg, draft_gen, shaping, eos)
+        model = ModelProposer(draft, cfg, draft_gen, shaping, eos)
         # The lookup's copies bypass the draft's constraints (its matcher and history
         # would fall behind), so it drafts only for calls with nothing to shape.
         if cfg.lookup_ngram and shaping is None:
             lookup = LookupProposer(plan.draft_ids, plan.ids, cfg.lookup_ngram)
-            proposer = LookupFirst(lookup, proposer)
-        return proposer, shaping
+            return LookupFirst(lookup, model), shaping
+        return model, shaping
 
     def _schedule(self, plan: _Plan, stats: RapidStats) -> tuple[Hashable, GammaSchedule, bool]:
         """The call's gamma schedule, its key and whether it is fresh: where the last call at
