@@ -22,7 +22,7 @@ from .errors import (
     RetrievalError,
     VocabularyMismatchError,
 )
-from .outputs import Delta, RapidOutput, RapidStats, RapidStream
+from .outputs import CallFragment, Delta, RapidOutput, RapidStats, RapidStream
 from .quiet import install as _quiet_start
 from .tools import ToolCall
 
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .retrieval import ContextRetriever, FaissContextRetriever
 
 __all__ = [
+    "CallFragment",
     "CallOptions",
     "ContextRetriever",
     "ContextWindowExceededError",

@@ -141,12 +141,25 @@ class RapidConfig:
     logprobs: bool = False
     top_logprobs: int = 0
     logprobs_p_hat: bool = False
+    # Reasoning sections (docs/algorithm.md section 13): the text between the markers goes to
+    # `RapidOutput.reasoning`, and grammars and tools apply only after the end marker.
+    # reasoning             None: on when the tokenizer's chat template has the start marker;
+    #     True: on; False: the markers are plain text;
+    # reasoning_markers     the (start, end) marker strings, matched as the token ids the
+    #     tokenizer encodes them to;
+    # max_reasoning_tokens  the most tokens between the markers (None: no limit); when they
+    #     are reached the engine commits the end marker itself and the answer begins.
+    reasoning: bool | None = None
+    reasoning_markers: tuple[str, str] = ("<think>", "</think>")
+    max_reasoning_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif isinstance(self.stop, list):
             object.__setattr__(self, "stop", tuple(self.stop))
+        if isinstance(self.reasoning_markers, list):  # JSON and YAML give lists
+            object.__setattr__(self, "reasoning_markers", tuple(self.reasoning_markers))
         for name, check, message in (*_CHECKS, *_DRAFTING_CHECKS):
             if not check(getattr(self, name)):
                 raise RapidConfigError(name, f"{message}, got {getattr(self, name)!r}")
@@ -238,6 +251,22 @@ _CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
         f"must be an integer in [0, {MAX_TOP_LOGPROBS}]",
     ),
     ("logprobs_p_hat", lambda v: isinstance(v, bool), "must be a bool"),
+    ("reasoning", _optional(lambda v: isinstance(v, bool)), "must be a bool or None (auto)"),
+    (
+        "reasoning_markers",
+        lambda v: (
+            isinstance(v, tuple)
+            and len(v) == 2
+            and all(isinstance(m, str) and m.strip() for m in v)
+            and v[0] != v[1]
+        ),
+        "must be two different non-empty strings (start, end)",
+    ),
+    (
+        "max_reasoning_tokens",
+        _optional(lambda v: _int(v) and v >= 1),
+        "must be an integer >= 1 or None",
+    ),
 )
 
 _DRAFTING_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
@@ -265,4 +294,9 @@ _DRAFTING_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 _COMBINED_CHECKS: tuple[tuple[str, Callable[[RapidConfig], bool], str], ...] = (
     ("top_logprobs", lambda c: c.logprobs or not c.top_logprobs, "needs logprobs=True"),
     ("logprobs_p_hat", lambda c: c.logprobs or not c.logprobs_p_hat, "needs logprobs=True"),
+    (
+        "max_reasoning_tokens",
+        lambda c: c.reasoning is not False or c.max_reasoning_tokens is None,
+        "needs reasoning on (True or None), not reasoning=False",
+    ),
 )

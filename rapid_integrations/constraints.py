@@ -7,6 +7,11 @@ positions in order: row i follows the committed sequence, the tokens already adv
 this block (the tail), then `drafts[:i]`. The grammar matcher is advanced over the same
 tokens, so row i gets the mask of its own position; `settle` rolls it back to what the
 verdict kept and advances it by the emitted token.
+
+With a reasoning section (docs/algorithm.md section 13) the grammar reads no token of it: rows
+inside it are unmasked, and the matcher starts from its start state at the first row after
+the end marker. Before anything is decided the first row also allows the start marker's first
+token, and rows inside the start marker allow only its next token.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 from .config import RapidConfig
 from .errors import GrammarError, RapidError
 from .sampling import check_finite, penalize
+from .sections import ANSWER, Gate, Place
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -30,7 +36,8 @@ class Constraints:
 
     history: the token ids the repetition penalty counts as seen (the target's prompt: the
     draft shares it, so that q is shaped exactly as p); vocab: the shared vocabulary width;
-    matcher: a fresh xgrammar matcher of the call's grammar, or None. `seconds` is the time
+    matcher: a fresh xgrammar matcher of the call's grammar, or None; gate: the call's
+    reasoning section (None: none), which the matcher does not read. `seconds` is the time
     spent on the grammar (masks, matcher moves).
     """
 
@@ -42,6 +49,7 @@ class Constraints:
         device: torch.device,
         source: str = "the model",
         matcher: xgr.GrammarMatcher | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self._penalty = cfg.repetition_penalty
         self._source = source
@@ -49,7 +57,10 @@ class Constraints:
         self._seen[torch.tensor(list(history), dtype=torch.long, device=device)] = True
         self._tail: list[int] = []  # tokens advanced over in this block, not yet settled
         self._matcher = matcher
-        self._matched = 0  # tail tokens the matcher accepted (it stops at a refused one)
+        self._gate = gate
+        self._place = gate.first if gate else ANSWER  # after the tail
+        self._places: list[Place] = []  # the place before each tail token
+        self._moves: list[bool] = []  # whether the matcher accepted each tail token
         self._live = matcher is not None  # False once the matcher refused or terminated
         self.seconds = 0.0
         if matcher is not None:
@@ -87,8 +98,10 @@ class Constraints:
         self._seen[torch.tensor(committed, dtype=torch.long, device=self._seen.device)] = True
         self._tail = []
         if self._matcher is not None:
-            self._matcher.rollback(max(self._matched - kept, 0))
-            self._matched = 0
+            self._matcher.rollback(sum(self._moves[kept:]))
+            if kept < len(self._places):
+                self._place = self._places[kept]
+            self._places, self._moves = [], []
             self._live = not self._matcher.is_terminated()
             for t in token.tolist():
                 self._accept(t)
@@ -96,7 +109,7 @@ class Constraints:
                 raise RapidError(
                     f"internal: the grammar refused the emitted token {token.tolist()}"
                 )
-            self._tail, self._matched = [], 0
+            self._tail, self._places, self._moves = [], [], []
         self.seconds += time.perf_counter() - start
 
     @property
@@ -105,13 +118,23 @@ class Constraints:
         return self._matcher is not None and self._matcher.is_terminated()
 
     def _accept(self, token: int) -> None:
-        """Advance the matcher over one tail token; after a refusal it stays where it was."""
+        """Advance the matcher over one tail token, unless the token belongs to the reasoning
+        section; after a refusal it stays where it was."""
         self._tail.append(token)
-        if self._live and self._matcher.accept_token(token):
-            self._matched += 1
+        place = self._place
+        self._places.append(place)
+        moved = False
+        if self._gate is not None and place.phase != "after":
+            self._place = self._gate.step(place, token)
+            if place.phase == "inside" or self._gate.opens(place, token):
+                self._moves.append(moved)
+                return
+        if self._live and self._matcher is not None and self._matcher.accept_token(token):
+            moved = True
             self._live = not self._matcher.is_terminated()
         else:
             self._live = False
+        self._moves.append(moved)
 
     def _mask(self, z: torch.Tensor, drafts: list[int]) -> torch.Tensor:
         """Mask row i of z [k, V] to the tokens the grammar allows after the tail and
@@ -122,9 +145,13 @@ class Constraints:
         start = time.perf_counter()
         k = z.shape[0]
         for i in range(k):
-            if self._live:
+            if self._place.phase == "inside":
+                self._bitmask[i] = -1  # every bit set: the grammar does not read the section
+            elif self._live:
                 self._matcher.fill_next_token_bitmask(self._bitmask, i)
                 self._check_writable(i)
+                if self._place.phase == "before":
+                    self._opening(i)
             elif i:
                 self._bitmask[i] = self._bitmask[i - 1]
             if i < len(drafts):
@@ -143,6 +170,17 @@ class Constraints:
         z.clamp_(min=torch.finfo(z.dtype).min)
         self.seconds += time.perf_counter() - start
         return z
+
+    def _opening(self, row: int) -> None:
+        """Row `row` comes before anything was decided: the first row allows the start
+        marker's first token besides the grammar's, a row inside the start marker only the
+        marker's next token."""
+        assert self._gate is not None
+        token = self._gate.start[self._place.matched]
+        if self._place.matched:
+            self._bitmask[row] = 0
+        word, bit = divmod(token, 32)
+        self._bitmask[row, word] |= (1 << bit) - (1 << 32 if bit == 31 else 0)  # int32 words
 
     def _check_writable(self, row: int) -> None:
         """A live matcher that allows no token means the tokenizer cannot spell what the

@@ -69,6 +69,11 @@ class Proposer(Protocol):
         a pass with no room for drafts still follows p_hat (docs/algorithm.md section 2.7)."""
         ...
 
+    def force(self, tokens: torch.Tensor) -> None:
+        """After `commit`: `tokens` [k] follow, committed by no model (docs/algorithm.md
+        section 13)."""
+        ...
+
 
 class ModelProposer:
     """Drafts with a causal LM over its own (short) prompt and KV cache."""
@@ -268,6 +273,12 @@ class ModelProposer:
         self.state.rollback(max(0, self._fed - accepted))
         self.state.append(torch.cat([self._x[self._fed : accepted], token.to(self._x.device)]))
 
+    def force(self, tokens: torch.Tensor) -> None:
+        """See `Proposer.force`: queued after the committed tokens, through the constraints."""
+        if self._constraints is not None:
+            self._constraints.settle(0, tokens)
+        self.state.append(tokens)
+
 
 def needs_q(config: RapidConfig) -> bool:
     """Whether the verdict needs draft distributions: all but greedy with eta = 0."""
@@ -356,3 +367,8 @@ class LookupFirst:
         [1]."""
         self.model.commit(accepted, gamma, token)
         self.lookup.extend(torch.cat([self._x[:accepted], token.to(self._x.device)]))
+
+    def force(self, tokens: torch.Tensor) -> None:
+        """See `Proposer.force`; the lookup's sequence grows by `tokens` too."""
+        self.model.force(tokens)
+        self.lookup.extend(tokens)

@@ -11,6 +11,7 @@ both KV caches are rolled back to what was kept. Modes reuse the same loop:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import random
@@ -51,8 +52,9 @@ from .outputs import Delta, FinishReason, RapidOutput, RapidStats, RapidStream
 from .prefix_cache import PrefixCache
 from .schedule import GammaSchedule
 from .schedule_memory import ScheduleMemory, schedule_key
-from .tokens import Detokenizer, Prompt, encode_prompt, is_chat, stop_token_ids
-from .tools import ContentFilter, Tools, parse_calls, prepare_messages
+from .sections import Gate, Sections, is_empty
+from .tokens import Prompt, encode_prompt, is_chat, stop_token_ids
+from .tools import Tools, prepare_messages
 from .verify import verdict
 
 _DRAFT_OPTIONS = ("draft_device", "draft_precision", "draft_model_kwargs")
@@ -76,6 +78,7 @@ def speculate(
     end_ids: torch.Tensor | None = None,
     constraints: Constraints | None = None,
     scorer: LogprobScorer | None = None,
+    force: Callable[[], list[int]] | None = None,
 ) -> Iterator[list[int]]:
     """Yield the tokens committed by each target pass (accepted drafts, then one more).
 
@@ -83,9 +86,15 @@ def speculate(
     `budget()` is how many tokens may still be emitted; drafting never proposes past it.
     `end_ids` are the end-of-sequence ids of the end guard (None: no guard); `constraints`
     shape the target's logits (docs/algorithm.md section 9; None: raw logits); `scorer`
-    scores each pass's committed tokens (section 12; None: no log probabilities).
+    scores each pass's committed tokens (section 12; None: no log probabilities). `force()`,
+    asked before each pass, gives tokens to commit that no model chose (the end marker of a
+    spent thinking budget, section 13; [] for none): they are yielded as a step of their own.
     """
     while True:
+        forced = force() if force else []
+        if forced:
+            _force(target, proposer, constraints, scorer, forced)
+            yield forced
         start = time.perf_counter()
         left = budget() - 1 if proposer and schedule.drafting else 0
         asked = min(schedule.gamma, left)
@@ -119,6 +128,28 @@ def speculate(
         yield committed
 
 
+def _force(
+    target: KVState,
+    proposer: Proposer | None,
+    constraints: Constraints | None,
+    scorer: LogprobScorer | None,
+    tokens: list[int],
+) -> None:
+    """Commit `tokens` into both caches and both constraints (docs/algorithm.md section 13).
+    The target reads them now, but for the last, so that the next pass starts as every pass
+    does, from one pending token; the rows read (the pending token's and the forced ones')
+    give each forced token the target's raw log probability."""
+    ids = torch.tensor(tokens, dtype=torch.long, device=target.pending.device)
+    logits = target.feed(ids[:-1])  # [len(tokens), V]: row i predicts tokens[i]
+    target.append(ids[-1:])
+    if constraints:
+        constraints.settle(0, ids)
+    if scorer:
+        scorer.score(logits, logits, None, None, tokens)
+    if proposer:
+        proposer.force(ids)
+
+
 @dataclass(frozen=True)
 class _Plan:
     """Which model decodes which ids for one call."""
@@ -130,6 +161,7 @@ class _Plan:
     cfg: RapidConfig
     grammar: Grammar | None = None
     tools: Tools | None = None
+    gate: Gate | None = None  # the reasoning section (docs/algorithm.md section 13)
 
 
 class RapidEngine:
@@ -349,30 +381,14 @@ class RapidEngine:
         limit = min(cfg.max_new_tokens, plan.window - len(plan.ids))
         target = self._start(plan.main, plan.ids, limit, cfg)
         stats.cached_prefix_tokens = target.reused_tokens
-        proposer: Proposer | None = None
-        shaping = [self._constraints(plan, plan.main, "the model")]
+        shaping = self._constraints(plan, plan.main, "the model")
         # A grammar ends on its stop tokens even under ignore_eos: nothing may follow it.
         eos = frozenset() if cfg.ignore_eos and not plan.grammar else self.eos_token_ids
-        if plan.draft_ids is not None:
-            draft_at = logits_device(self.draft)
-            draft_gen = (
-                gen
-                if draft_at == gen.device
-                else torch.Generator(draft_at).manual_seed(stats.seed + 1)
-            )
-            draft = self._start(self.draft, plan.draft_ids, limit, cfg)
-            stats.draft_cached_prefix_tokens = draft.reused_tokens
-            shaping.append(self._constraints(plan, self.draft, "the draft model"))
-            proposer = ModelProposer(draft, cfg, draft_gen, shaping[-1], eos)
-            # The lookup's copies bypass the draft's constraints (its matcher and history
-            # would fall behind), so it drafts only for calls with nothing to shape.
-            if cfg.lookup_ngram and shaping[-1] is None:
-                lookup = LookupProposer(plan.draft_ids, plan.ids, cfg.lookup_ngram)
-                proposer = LookupFirst(lookup, proposer)
+        proposer, draft_shaping = self._proposer(plan, stats, gen, limit, eos)
         decode_start = time.perf_counter()
         stats.prefill_seconds = decode_start - start
 
-        detok = Detokenizer(self.tokenizer, cfg.stop)
+        sections = Sections(self.tokenizer, cfg.stop, plan.gate, plan.tools is not None)
         guarded = cfg.end_guard and eos and cfg.eta > 0
         end_ids = torch.tensor(sorted(eos), device=gen.device) if guarded else None
         key, schedule, fresh = self._schedule(plan, stats)
@@ -383,45 +399,68 @@ class RapidEngine:
             schedule,
             cfg,
             gen,
-            lambda: limit - len(detok.ids),
+            lambda: _room(sections, limit),
             stats,
             end_ids,
-            shaping[0],
+            shaping,
             scorer,
+            lambda: sections.forced(limit - len(sections.ids)),
         )
-        content = ContentFilter() if plan.tools else None
         for token in itertools.chain.from_iterable(steps):
             stats.time_to_first_token = stats.time_to_first_token or time.perf_counter() - start
-            before = len(detok.ids)
-            delta, finish = _commit(token, detok, eos, limit)
-            scored = scorer.commit(len(detok.ids) > before) if scorer else ()
-            if content:  # streams never show call markup (docs/algorithm.md section 11)
-                delta = content.push(delta) + (content.finish() if finish else "")
-            if delta or scored:
-                yield Delta(delta, scored)
+            before = len(sections.ids)
+            delta, finish = _commit(token, sections, eos, limit)
+            scored = scorer.commit(len(sections.ids) > before) if scorer else ()
+            delta = dataclasses.replace(delta, logprobs=scored)
+            if not is_empty(delta):
+                yield delta
             if finish:
                 break
 
         stats.decode_seconds = time.perf_counter() - decode_start
         self.schedules.keep(key, schedule, fresh)
-        stats.new_tokens = len(detok.ids)
-        stats.target_forward_passes = target.forward_passes
-        stats.target_forward_seconds = target.forward_seconds
-        stats.grammar_seconds = sum(c.seconds for c in shaping if c)
-        if proposer:
-            stats.draft_forward_passes = proposer.state.forward_passes
-            stats.draft_forward_seconds = proposer.state.forward_seconds
-            stats.lookup_drafted_tokens, stats.lookup_accepted_tokens = proposer.lookup_counts
+        stats.grammar_seconds = sum(c.seconds for c in (shaping, draft_shaping) if c)
+        _count(stats, target, proposer, sections)
         logprobs = scorer.kept if scorer else None
-        if content is None:
-            return RapidOutput(
-                detok.text, detok.ids, finish, stats.finalize(), len(plan.ids), logprobs=logprobs
-            )
-        calls = parse_calls(detok.text)
+        calls = sections.calls.calls if sections.calls else []
         finish = "tool_calls" if calls and finish == "eos" else finish
         return RapidOutput(
-            content.text, detok.ids, finish, stats.finalize(), len(plan.ids), calls, logprobs
+            sections.text,
+            sections.ids,
+            finish,
+            stats.finalize(),
+            len(plan.ids),
+            calls,
+            logprobs,
+            sections.reasoning,
         )
+
+    def _proposer(
+        self,
+        plan: _Plan,
+        stats: RapidStats,
+        gen: torch.Generator,
+        limit: int,
+        eos: frozenset[int],
+    ) -> tuple[Proposer | None, Constraints | None]:
+        """The call's drafting strategy (None: the target alone) and the draft's constraints."""
+        if plan.draft_ids is None:
+            return None, None
+        cfg = plan.cfg
+        draft_at = logits_device(self.draft)
+        draft_gen = (
+            gen if draft_at == gen.device else torch.Generator(draft_at).manual_seed(stats.seed + 1)
+        )
+        draft = self._start(self.draft, plan.draft_ids, limit, cfg)
+        stats.draft_cached_prefix_tokens = draft.reused_tokens
+        shaping = self._constraints(plan, self.draft, "the draft model")
+        model = ModelProposer(draft, cfg, draft_gen, shaping, eos)
+        # The lookup's copies bypass the draft's constraints (its matcher and history
+        # would fall behind), so it drafts only for calls with nothing to shape.
+        if cfg.lookup_ngram and shaping is None:
+            lookup = LookupProposer(plan.draft_ids, plan.ids, cfg.lookup_ngram)
+            return LookupFirst(lookup, model), shaping
+        return model, shaping
 
     def _schedule(self, plan: _Plan, stats: RapidStats) -> tuple[Hashable, GammaSchedule, bool]:
         """The call's gamma schedule, its key and whether it is fresh: where the last call at
@@ -433,13 +472,14 @@ class RapidEngine:
 
     def _constraints(self, plan: _Plan, model: PreTrainedModel, source: str) -> Constraints | None:
         """The call's logit shaping for `model`, or None when nothing shapes them. Both
-        models count the decoding model's prompt as history and follow the same grammar, so
-        q is shaped exactly as p (docs/algorithm.md sections 9-10)."""
+        models count the decoding model's prompt as history and follow the same grammar past
+        the same reasoning section, so q is shaped exactly as p (docs/algorithm.md sections
+        9, 10 and 13)."""
         if plan.cfg.repetition_penalty == 1.0 and plan.grammar is None:
             return None
         matcher = None if plan.grammar is None else self._grammars().matcher(plan.grammar)
         return Constraints(
-            plan.ids, self.vocab_size, plan.cfg, logits_device(model), source, matcher
+            plan.ids, self.vocab_size, plan.cfg, logits_device(model), source, matcher, plan.gate
         )
 
     def _grammar(self, grammar: object, tools: Tools | None) -> Grammar | None:
@@ -527,14 +567,12 @@ class RapidEngine:
         stats.target_context_tokens = len(ids)
         stats.draft_context_tokens = len(draft_ids or ())
         if mode == "rag":
-            plan = _Plan(
-                self.draft, draft_ids, config_window(self.draft.config), None, cfg, grammar, tools
-            )
+            main, main_ids, draft_ids = self.draft, draft_ids, None
         else:
-            plan = _Plan(
-                self.target, ids, config_window(self.target.config), draft_ids, cfg, grammar, tools
-            )
-        return plan, stats
+            main, main_ids = self.target, ids
+        gate = Gate.for_call(self.tokenizer, cfg, main_ids)
+        window = config_window(main.config)
+        return _Plan(main, main_ids, window, draft_ids, cfg, grammar, tools, gate), stats
 
     def _with_tools(self, prompt: Prompt, tools: Tools | None) -> tuple[Prompt, dict[str, Any]]:
         """Chat messages with tools, calls and results rendered for the chat template, and the
@@ -598,17 +636,48 @@ def _call_options(
 
 
 def _commit(
-    token: int, detok: Detokenizer, eos: frozenset[int], limit: int
-) -> tuple[str, FinishReason | None]:
-    """Commit one token; return the text it releases and why generation ends, if it does."""
+    token: int, sections: Sections, eos: frozenset[int], limit: int
+) -> tuple[Delta, FinishReason | None]:
+    """Commit one token; return what it releases and why generation ends, if it does."""
     if token in eos:
-        return detok.finish(), "eos"
-    delta = detok.push(token)
-    if detok.stopped:
-        return delta, "stop"
-    if len(detok.ids) >= limit:
-        return delta + detok.finish(), "length"
+        return sections.finish(), "eos"
+    delta = sections.push(token)
+    if sections.stopped:
+        return _joined(delta, sections.finish()), "stop"
+    if len(sections.ids) >= limit:
+        return _joined(delta, sections.finish()), "length"
     return delta, None
+
+
+def _joined(first: Delta, second: Delta) -> Delta:
+    """Two steps' releases as one (`Sections` deltas: no log probabilities)."""
+    return Delta(
+        first.text + second.text,
+        reasoning=first.reasoning + second.reasoning,
+        tool_calls=first.tool_calls + second.tool_calls,
+    )
+
+
+def _room(sections: Sections, limit: int) -> int:
+    """How many tokens the next pass may commit: up to the token limit, and up to the end of
+    the thinking budget (docs/algorithm.md section 13)."""
+    left = limit - len(sections.ids)
+    room = sections.room()
+    return left if room is None else min(left, room)
+
+
+def _count(
+    stats: RapidStats, target: KVState, proposer: Proposer | None, sections: Sections
+) -> None:
+    """The call's token and forward-pass counters, once it has ended."""
+    stats.new_tokens = len(sections.ids)
+    stats.reasoning_tokens = sections.reasoning_tokens
+    stats.target_forward_passes = target.forward_passes
+    stats.target_forward_seconds = target.forward_seconds
+    if proposer:
+        stats.draft_forward_passes = proposer.state.forward_passes
+        stats.draft_forward_seconds = proposer.state.forward_seconds
+        stats.lookup_drafted_tokens, stats.lookup_accepted_tokens = proposer.lookup_counts
 
 
 def _is_out_of_memory(exc: Exception) -> bool:

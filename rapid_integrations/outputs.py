@@ -55,6 +55,9 @@ class RapidStats:
     # (docs/algorithm.md section 2.11): no plain step timed, and stopped from the first pass
     # if drafting had been stopped.
     schedule_from_earlier_call: bool = False
+    # Tokens of the reasoning section, its markers included (docs/algorithm.md section 13);
+    # part of new_tokens.
+    reasoning_tokens: int = 0
 
     def finalize(self) -> RapidStats:
         """Fill the derived rates from the counters; returns self."""
@@ -105,6 +108,8 @@ class RapidOutput:
     or call cut off by `max_new_tokens` has `finish_reason` "length" (and no such call).
     `logprobs`: with `logprobs=True`, one `TokenLogprob` per entry of `token_ids` (call
     markup included); None otherwise.
+    `reasoning`: the reasoning section's text, markers excluded (docs/algorithm.md section 13);
+    None when the output had no section. `token_ids` hold the section's tokens too.
     """
 
     text: str
@@ -114,13 +119,30 @@ class RapidOutput:
     prompt_tokens: int = 0
     tool_calls: list[ToolCall] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+    reasoning: str | None = None
+
+
+@dataclass(frozen=True)
+class CallFragment:
+    """A streamed piece of one tool call, in OpenAI's delta shape (docs/algorithm.md section
+    11). A call's first fragment carries its `index` (0, 1, ... in the output), `id` and
+    `name`, with `arguments` possibly ""; its later fragments carry only argument text (`id`
+    and `name` None). A call's `arguments` fragments concatenate to its final
+    `ToolCall.arguments_json`, and `id` is the final `ToolCall.id`."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
 
 
 @dataclass(frozen=True)
 class Delta:
     """One streamed step of a call: what the tokens committed by one target pass release.
 
-    text: answer text (without call markup when tools are on). Every other kind of streamed
+    text: answer text (without call markup when tools are on). reasoning: reasoning text
+    released by this step, markers excluded (section 13). tool_calls: tool-call fragments
+    (`CallFragment`) released by this step. Every other kind of streamed
     content (reasoning, tool-call fragments, log probabilities) is a field of this one type,
     so a consumer reads one stream, not one per feature.
     logprobs: with `logprobs=True`, the `TokenLogprob`s of the token ids committed since the
@@ -130,6 +152,8 @@ class Delta:
 
     text: str = ""
     logprobs: tuple[TokenLogprob, ...] = ()
+    reasoning: str = ""
+    tool_calls: tuple[CallFragment, ...] = ()
 
 
 class RapidStream(Iterator[str]):

@@ -14,7 +14,9 @@ Message = Mapping[str, Any]
 Prompt = str | Sequence[int] | Sequence[Message]
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
-_TOOL_KEYS = ("tool_calls", "tool_call_id", "name")
+# Kept for templates that render them: OpenAI's tool keys, and an earlier assistant turn's
+# reasoning (vLLM's and Qwen3's `reasoning_content`; docs/algorithm.md section 13).
+_EXTRA_KEYS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
 # End-of-turn markers of common chat templates; counted as stops only when the tokenizer has them.
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
 
@@ -31,7 +33,8 @@ def is_chat(prompt: object) -> bool:
 
 def check_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """Validate chat messages; return them as {role, content} dicts, with the OpenAI tool
-    keys (`tool_calls`, `tool_call_id`, `name`) kept for templates that render them."""
+    keys (`tool_calls`, `tool_call_id`, `name`) and `reasoning_content` kept for templates
+    that render them (a template that does not drops them)."""
     out = []
     for i, m in enumerate(messages):
         role, content = m.get("role"), m.get("content")
@@ -43,7 +46,7 @@ def check_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
             raise RapidInputError(
                 f"message {i}: content must be a string, got {type(content).__name__}"
             )
-        extra = {k: m[k] for k in _TOOL_KEYS if m.get(k) is not None}
+        extra = {k: m[k] for k in _EXTRA_KEYS if m.get(k) is not None}
         out.append({**extra, "role": role, "content": content})
     if not any(m["content"].strip() or m.get("tool_calls") for m in out):
         raise RapidInputError("all chat messages are empty")

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import RapidInputError
@@ -38,24 +37,32 @@ SYSTEM_PROMPT = (
     "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
-_CALL = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
 _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One parsed call: `id` like "call_<hex>", the tool's `name`, its `arguments`."""
+    """One parsed call: `id` like "call_<hex>", the tool's `name`, its `arguments`.
+
+    `arguments_json`: the arguments' JSON text, as the model wrote it when it came from the
+    output (what its streamed `CallFragment`s concatenate to), else `json.dumps(arguments)`;
+    `to_openai` sends exactly it."""
 
     id: str
     name: str
     arguments: dict[str, Any]
+    arguments_json: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.arguments_json:
+            object.__setattr__(self, "arguments_json", json.dumps(self.arguments))
 
     def to_openai(self) -> dict[str, Any]:
         """The OpenAI `tool_calls` entry (arguments as a JSON string)."""
         return {
             "id": self.id,
             "type": "function",
-            "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
+            "function": {"name": self.name, "arguments": self.arguments_json},
         }
 
 
@@ -274,89 +281,3 @@ def _arguments(call: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(arguments, Mapping):
         raise RapidInputError(f"tool call arguments must be a JSON object, got {arguments!r:.200}")
     return dict(arguments)
-
-
-# ---- parsing the output -------------------------------------------------------------------
-
-
-def parse_calls(text: str) -> list[ToolCall]:
-    """Every complete `<tool_call>` in `text` with a JSON object naming a tool and its
-    arguments, in order (a call cut off by the token limit is not one)."""
-    calls = []
-    for body in _CALL.findall(text):
-        try:
-            value = json.loads(body)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict) and isinstance(value.get("name"), str):
-            arguments = value.get("arguments")
-            calls.append(
-                ToolCall(
-                    f"call_{secrets.token_hex(12)}",
-                    value["name"],
-                    arguments if isinstance(arguments, dict) else {},
-                )
-            )
-    return calls
-
-
-class ContentFilter:
-    """Text deltas with the call markup taken out, for streams and the output's text.
-
-    Holds back a tail that could still begin `<tool_call>`, everything inside a call, and
-    whitespace next to calls or at the end: the deltas concatenate to the content alone.
-    """
-
-    def __init__(self) -> None:
-        self._buffer = ""
-        self._held = ""  # whitespace waiting for text after it
-        self._in_call = False
-        self._after_call = False
-        self.text = ""
-
-    def push(self, delta: str) -> str:
-        """Take one delta; return the content now safe to show."""
-        from .tokens import partial_stop_suffix
-
-        self._buffer += delta
-        shown = []
-        while True:
-            if self._in_call:
-                end = self._buffer.find(CALL_CLOSE)
-                if end < 0:
-                    break
-                self._buffer = self._buffer[end + len(CALL_CLOSE) :]
-                self._in_call, self._after_call = False, True
-                continue
-            start = self._buffer.find(CALL_OPEN)
-            if start >= 0:
-                shown.append(self._show(self._buffer[:start]))
-                self._buffer = self._buffer[start + len(CALL_OPEN) :]
-                self._in_call, self._held = True, ""
-                continue
-            keep = len(self._buffer) - partial_stop_suffix(self._buffer, [CALL_OPEN])
-            shown.append(self._show(self._buffer[:keep]))
-            self._buffer = self._buffer[keep:]
-            break
-        return self._record("".join(shown))
-
-    def finish(self) -> str:
-        """The end of the text: a partial or unclosed call and trailing whitespace drop."""
-        tail = "" if self._in_call else self._buffer.rstrip()
-        self._buffer = ""
-        if not tail:
-            return ""
-        return self._record(self._show(tail))
-
-    def _show(self, text: str) -> str:
-        if self._after_call:
-            text = text.lstrip()
-            self._after_call = not text
-        text = self._held + text
-        body = text.rstrip()
-        self._held = text[len(body) :]
-        return body
-
-    def _record(self, shown: str) -> str:
-        self.text += shown
-        return shown

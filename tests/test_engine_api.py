@@ -55,6 +55,9 @@ BAD_VALUES = {
     "logprobs": ["yes", 1],
     "top_logprobs": [-1, 21, 2.0, True],
     "logprobs_p_hat": ["yes", 1],
+    "reasoning": ["auto", 1],
+    "reasoning_markers": ["<think>", ("<t>",), ("<t>", "<t>"), ("", "</t>"), ("<t>", 3)],
+    "max_reasoning_tokens": [0, -2, 1.5, True],
 }
 
 

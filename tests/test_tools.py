@@ -18,7 +18,8 @@ from rapid_integrations import (
     RapidInputError,
     build_draft_prompt,
 )
-from rapid_integrations.tools import CALL_OPEN, ContentFilter, Tools, prepare_messages
+from rapid_integrations.sections import CallSplitter
+from rapid_integrations.tools import CALL_OPEN, Tools, prepare_messages
 from tests.test_grammar import reference_constrained
 from tests.tiny import JSON_ALPHABET, char_tokenizer, tiny_llama
 
@@ -297,12 +298,12 @@ TEXTS = [
 @given(cuts=st.lists(st.integers(0, 60), max_size=8), case=st.sampled_from(TEXTS))
 def test_content_filter_is_split_independent(cuts, case):
     text, want = case
-    shown, start = ContentFilter(), 0
+    shown, start = CallSplitter(), 0
     deltas = []
     for cut in sorted(set(c for c in cuts if c < len(text))):
-        deltas.append(shown.push(text[start:cut]))
+        deltas.append(shown.push(text[start:cut])[0])
         start = cut
-    deltas += [shown.push(text[start:]), shown.finish()]
+    deltas += [shown.push(text[start:])[0], shown.finish()[0]]
     assert "".join(deltas) == shown.text == want
     assert not any("<tool_call" in d for d in deltas)
 

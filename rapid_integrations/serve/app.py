@@ -39,8 +39,8 @@ from .calls import (
     chat_call,
     chunk,
     completion_call,
+    delta_chunks,
     response,
-    tool_call_chunk,
     usage_chunk,
 )
 from .collection import Collection
@@ -260,12 +260,10 @@ class _Run:
             async for item in self.deltas():
                 if isinstance(item, Delta):
                     entries = item.logprobs if asked else None
-                    yield _json(chunk(call, item.text, entries=entries, offset=offset))
+                    for piece in delta_chunks(call, item, entries, offset):
+                        yield _json(piece)
                     offset += sum(len(e.token) for e in item.logprobs)
                 else:
-                    calls = tool_call_chunk(call, item)
-                    if calls is not None:
-                        yield _json(calls)
                     yield _json(chunk(call, finish=_finish_reason(item)))
                     if call.include_usage:
                         yield _json(usage_chunk(call, item, self.server.replica))

@@ -8,6 +8,13 @@ for usage (`stream_options.include_usage`). Tools and `response_format` become t
 `top_logprobs` (chat) or `logprobs: int` (completions) become the engine's `logprobs=` and
 `top_logprobs=` (section 12), always passed, so that a call computes only what it asked for;
 `choices[0].logprobs` then has OpenAI's shape, in every chunk of a stream too.
+
+Reasoning (docs/algorithm.md section 13) comes back in vLLM's names: `message.reasoning_content`
+and `delta.reasoning_content`, counted in `usage.completion_tokens_details.reasoning_tokens`; an
+assistant message's `reasoning_content` in a request reaches the chat template, which renders
+or drops it. Legacy completions return the raw text: reasoning is off there unless a request
+asks for it. Tool calls stream as OpenAI's deltas: a call's first chunk has its index, id,
+type and name, the next ones pieces of its arguments.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from ..call_options import CallOptions
 from ..config import MAX_TOP_LOGPROBS, RapidConfig
 from ..errors import GrammarError, RapidConfigError, RapidError
 from ..logprobs import openai_chat_logprobs, openai_completion_logprobs
-from ..outputs import RapidOutput, TokenLogprob
+from ..outputs import CallFragment, Delta, RapidOutput, TokenLogprob
 from ..tokens import Prompt
 from ..tools import Tools
 from .collection import Collection
@@ -78,6 +85,8 @@ def completion_call(
             raise unsupported("prompt", "one prompt per request (a list of one string at most)")
         prompt = prompt[0]
     overrides = _overrides(request, request.max_tokens) | _completion_logprobs(request.logprobs)
+    if not {"reasoning", "max_reasoning_tokens"} & overrides.keys():
+        overrides["reasoning"] = False  # the raw text, as vLLM's completions return it
     collection = _collection(request, collections, overrides)
     if collection:
         if not isinstance(prompt, str):
@@ -231,7 +240,7 @@ def _message(message: ChatMessage, index: int) -> dict[str, Any]:
             raise unsupported(f"messages.{index}.content", "only text content parts are supported")
         content = "".join(part.text or "" for part in content)
     out: dict[str, Any] = {"role": message.role, "content": content or ""}
-    for name in ("name", "tool_calls", "tool_call_id"):
+    for name in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
         if getattr(message, name) is not None:
             out[name] = getattr(message, name)
     return out
@@ -247,6 +256,7 @@ def usage(output: RapidOutput, replica: str) -> dict[str, Any]:
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "completion_tokens_details": {"reasoning_tokens": output.stats.reasoning_tokens},
         "rapid": {**output.stats.to_dict(), "replica": replica},
     }
 
@@ -258,6 +268,8 @@ def response(call: EngineCall, output: RapidOutput, replica: str) -> dict[str, A
         message: dict[str, Any] = {"role": "assistant", "content": output.text}
         if output.tool_calls:  # content is null next to calls when there is no text (OpenAI)
             message |= {"content": output.text or None, "tool_calls": tool_calls(output)}
+        if output.reasoning is not None:
+            message["reasoning_content"] = output.reasoning
         obj = "chat.completion"
         choice = {"index": 0, "message": message, "finish_reason": finish}
     else:
@@ -294,13 +306,20 @@ def chunk(
     role: bool = False,
     entries: Sequence[TokenLogprob] | None = None,
     offset: int = 0,
+    reasoning: str = "",
+    fragments: Sequence[CallFragment] = (),
 ) -> dict[str, Any]:
     """One streamed chunk: a text delta (with its tokens' log probabilities, `entries`, when
-    the call asked for them), the opening role (chat), or the finish reason."""
+    the call asked for them; chat: with reasoning text and tool-call fragments), the opening
+    role (chat), or the finish reason."""
     if call.kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
-        if text is not None:
+        if text is not None and (text or not (reasoning or fragments)):
             delta["content"] = text
+        if reasoning:
+            delta["reasoning_content"] = reasoning
+        if fragments:
+            delta["tool_calls"] = [_call_delta(f) for f in fragments]
         choice = {"index": 0, "delta": delta, "finish_reason": finish}
         obj = "chat.completion.chunk"
     else:
@@ -324,18 +343,40 @@ def tool_calls(output: RapidOutput) -> list[dict[str, Any]]:
     return [c.to_openai() for c in output.tool_calls]
 
 
-def tool_call_chunk(call: EngineCall, output: RapidOutput) -> dict[str, Any] | None:
-    """The streamed chunk carrying the output's calls (after its text), or None without calls.
+def delta_chunks(
+    call: EngineCall, delta: Delta, entries: Sequence[TokenLogprob] | None, offset: int
+) -> list[dict[str, Any]]:
+    """The chunks of one engine step: its text, reasoning and log probabilities in the first,
+    and its call fragments split so that no chunk holds two of one call (the SDK's merge takes
+    a chunk's list as it is: a call's opening fragment and its first arguments would be two
+    calls)."""
+    runs: list[list[CallFragment]] = [[]]
+    for fragment in delta.tool_calls:
+        if any(f.index == fragment.index for f in runs[-1]):
+            runs.append([])
+        runs[-1].append(fragment)
+    first = chunk(
+        call,
+        delta.text,
+        entries=entries,
+        offset=offset,
+        reasoning=delta.reasoning,
+        fragments=runs[0],
+    )
+    return [first, *(chunk(call, fragments=run) for run in runs[1:])]
 
-    The engine parses calls once they are complete, so each arrives whole in one delta
-    (`index`, `id`, `type`, `function.name`, `function.arguments`), as OpenAI clients merge them.
-    """
-    if not output.tool_calls:
-        return None
-    out = chunk(call)
-    deltas = [{"index": i, **entry} for i, entry in enumerate(tool_calls(output))]
-    out["choices"][0]["delta"] = {"tool_calls": deltas}
-    return out
+
+def _call_delta(fragment: CallFragment) -> dict[str, Any]:
+    """A tool-call fragment as OpenAI streams it: the first of a call with its id, type and
+    name, the others with argument text alone; the SDK merges them by index."""
+    if fragment.id is None:
+        return {"index": fragment.index, "function": {"arguments": fragment.arguments}}
+    return {
+        "index": fragment.index,
+        "id": fragment.id,
+        "type": "function",
+        "function": {"name": fragment.name, "arguments": fragment.arguments},
+    }
 
 
 def usage_chunk(call: EngineCall, output: RapidOutput, replica: str) -> dict[str, Any]:

@@ -25,7 +25,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..outputs import Delta, RapidOutput
-from ..tools import ToolCall
 from .calls import EngineCall, chat_call, usage
 from .collection import Collection
 from .errors import ServeError, unsupported
@@ -114,7 +113,15 @@ def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], param: str) 
                 code="invalid_value",
             )
         content = _text(item.get("content"), f"{param}.content")
-        messages.append({"role": "system" if role == "developer" else role, "content": content})
+        if role == "assistant" and _thinking(messages):
+            messages[-1]["content"] = content
+        else:
+            messages.append({"role": "system" if role == "developer" else role, "content": content})
+    elif kind == "reasoning":
+        # An earlier output's reasoning item: the next assistant turn's `reasoning_content`,
+        # which the chat template renders or drops (docs/algorithm.md section 13).
+        text = _text(item.get("content") or [], f"{param}.content")
+        messages.append({"role": "assistant", "content": "", "reasoning_content": text})
     elif kind == "function_call":
         call = {
             "id": _string(item, "call_id", param),
@@ -137,8 +144,14 @@ def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], param: str) 
         raise unsupported(
             f"{param}.type",
             f"input items of type {kind!r} are not supported "
-            "(message, function_call, function_call_output are)",
+            "(message, reasoning, function_call, function_call_output are)",
         )
+
+
+def _thinking(messages: list[dict[str, Any]]) -> bool:
+    """Whether the last message is an assistant turn holding reasoning alone so far."""
+    last = messages[-1] if messages else {}
+    return bool(last.get("reasoning_content")) and not (last["content"] or last.get("tool_calls"))
 
 
 def _text(content: object, param: str) -> str:
@@ -154,7 +167,7 @@ def _text(content: object, param: str) -> str:
     return "".join(p["text"] for p in parts)
 
 
-_TEXT_PARTS = ("input_text", "output_text", "text")
+_TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text")
 
 
 def _string(item: dict[str, Any], key: str, param: str) -> str:
@@ -258,9 +271,10 @@ def response_object(call: EngineCall, output: RapidOutput, replica: str) -> dict
 class ResponseEvents:
     """The events of one streamed response, numbered; `response` is the response so far.
 
-    Items are opened, filled and closed one after the other: the answer's text (a message),
-    then each function call. Today a call's arguments arrive whole, in one delta, after the
-    text; the open / arguments / close steps are separate so that fragments can feed them.
+    Items are opened, filled and closed one after the other, as the output streams: the
+    reasoning (docs/algorithm.md section 13), the answer's text (a message), then each function
+    call, whose arguments stream as the engine's call fragments. What a stream did not bring
+    (all of it, for a response that is not streamed) is added at the end in the same order.
     """
 
     def __init__(self, call: EngineCall, replica: str) -> None:
@@ -268,7 +282,8 @@ class ResponseEvents:
         self.replica = replica
         self.sequence = 0
         self.response = _response(call, "in_progress", [])
-        self.message: dict[str, Any] | None = None  # the open message item
+        self._open: str | None = None  # the type of the item being filled, if one is
+        self._streamed: set[str] = set()  # the item types and call ids already streamed
 
     def start(self) -> list[dict[str, Any]]:
         return [
@@ -277,29 +292,30 @@ class ResponseEvents:
         ]
 
     def delta(self, delta: Delta) -> list[dict[str, Any]]:
-        if not delta.text:
-            return []
-        events = [] if self.message else self._open_message()
-        part = self.message["content"][0]
-        part["text"] += delta.text
-        return [
-            *events,
-            self._event("response.output_text.delta", **self._part(), delta=delta.text),
-        ]
+        events = self._reasoning(delta.reasoning) if delta.reasoning else []
+        if delta.text:
+            events += self._text(delta.text)
+        for fragment in delta.tool_calls:
+            if fragment.id is not None:
+                events += self._open_call(fragment.id, fragment.name or "")
+            if fragment.arguments:
+                events += self._arguments(fragment.arguments)
+        return events
 
     def finish(self, output: RapidOutput) -> list[dict[str, Any]]:
-        """Close the message (an empty one when there is neither text nor a call), add the
-        calls, and complete the response (status "incomplete" past max_output_tokens)."""
-        events = []
-        if self.message is None and not output.tool_calls:
-            events += self._open_message()
-        if self.message is not None:
-            events += self._close_message(output)
-        for call in output.tool_calls:
-            events += self._open_call(call)
-            events += self._arguments(call.to_openai()["function"]["arguments"])
-            events += self._close_call()
+        """Close the open item, add what was not streamed (an empty message when there is
+        neither text nor a call), and complete the response (status "incomplete" past
+        max_output_tokens)."""
         cut = output.finish_reason == "length"
+        events = self._close("incomplete" if cut else "completed")
+        if output.reasoning is not None and "reasoning" not in self._streamed:
+            events += self._reasoning(output.reasoning) + self._close("completed")
+        if "message" not in self._streamed and (output.text or not output.tool_calls):
+            events += self._text(output.text) + self._close("incomplete" if cut else "completed")
+        for call in output.tool_calls:
+            if call.id not in self._streamed:
+                events += self._open_call(call.id, call.name)
+                events += self._arguments(call.arguments_json) + self._close("completed")
         self.response |= {
             "status": "incomplete" if cut else "completed",
             "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
@@ -313,46 +329,70 @@ class ResponseEvents:
 
     # ---- items
 
-    def _open_message(self) -> list[dict[str, Any]]:
-        item = {"id": _id("msg"), "type": "message", "role": "assistant", "content": []}
-        events = self._add(item | {"status": "in_progress"})
-        self.message = self._item
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        self.message["content"].append(part)
-        return [*events, self._event("response.content_part.added", **self._part(), part=part)]
+    def _reasoning(self, text: str) -> list[dict[str, Any]]:
+        """Reasoning text: the reasoning item's `reasoning_text` part grows."""
+        events = []
+        if self._open != "reasoning":
+            events += self._close("completed")
+            item = {"id": _id("rs"), "type": "reasoning", "summary": [], "content": []}
+            events += self._add(item | {"status": "in_progress"}, "reasoning")
+            self._item["content"].append({"type": "reasoning_text", "text": ""})
+        self._item["content"][0]["text"] += text
+        return [*events, self._event("response.reasoning_text.delta", **self._part(), delta=text)]
 
-    def _close_message(self, output: RapidOutput) -> list[dict[str, Any]]:
-        assert self.message is not None
-        part = self.message["content"][0]
-        part["text"] = output.text  # what the deltas added up to
-        status = "incomplete" if output.finish_reason == "length" else "completed"
-        self.message = None
-        return [
-            self._event("response.output_text.done", **self._part(), text=part["text"]),
-            self._event("response.content_part.done", **self._part(), part=part),
-            *self._done(status),
-        ]
+    def _text(self, text: str) -> list[dict[str, Any]]:
+        """Answer text: the message's `output_text` part grows."""
+        events = []
+        if self._open != "message":
+            events += self._close("completed")
+            item = {"id": _id("msg"), "type": "message", "role": "assistant", "content": []}
+            events += self._add(item | {"status": "in_progress"}, "message")
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            self._item["content"].append(part)
+            events.append(self._event("response.content_part.added", **self._part(), part=part))
+        self._item["content"][0]["text"] += text
+        if text:
+            events.append(self._event("response.output_text.delta", **self._part(), delta=text))
+        return events
 
-    def _open_call(self, call: ToolCall) -> list[dict[str, Any]]:
+    def _open_call(self, call_id: str, name: str) -> list[dict[str, Any]]:
+        events = self._close("completed")
         item = {"id": _id("fc"), "type": "function_call", "status": "in_progress"}
-        return self._add(item | {"call_id": call.id, "name": call.name, "arguments": ""})
+        self._streamed.add(call_id)
+        item |= {"call_id": call_id, "name": name, "arguments": ""}
+        return [*events, *self._add(item, "function_call")]
 
     def _arguments(self, fragment: str) -> list[dict[str, Any]]:
         self._item["arguments"] += fragment
         return [self._event("response.function_call_arguments.delta", **self._at(), delta=fragment)]
 
-    def _close_call(self) -> list[dict[str, Any]]:
-        item = self._item
-        done = self._event(
-            "response.function_call_arguments.done",
-            **self._at(),
-            name=item["name"],
-            arguments=item["arguments"],
-        )
-        return [done, *self._done("completed")]
+    def _close(self, status: str) -> list[dict[str, Any]]:
+        """Close the open item (none: no events) with its done events."""
+        kind, self._open = self._open, None
+        item = self._item if kind else None
+        if item is None:
+            return []
+        if kind == "function_call":
+            done = [
+                self._event(
+                    "response.function_call_arguments.done",
+                    **self._at(),
+                    name=item["name"],
+                    arguments=item["arguments"],
+                )
+            ]
+        else:
+            part = item["content"][0]
+            which = "reasoning_text" if kind == "reasoning" else "output_text"
+            done = [self._event(f"response.{which}.done", **self._part(), text=part["text"])]
+            if kind == "message":
+                done.append(self._event("response.content_part.done", **self._part(), part=part))
+        return [*done, *self._done(status)]
 
-    def _add(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+    def _add(self, item: dict[str, Any], kind: str) -> list[dict[str, Any]]:
         self.response["output"].append(item)
+        self._open = kind
+        self._streamed.add(kind)
         return [self._event("response.output_item.added", output_index=self._index, item=item)]
 
     def _done(self, status: str) -> list[dict[str, Any]]:
@@ -402,7 +442,7 @@ def _usage(output: RapidOutput, replica: str) -> dict[str, Any]:
         "input_tokens": counts["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": output.stats.cached_prefix_tokens},
         "output_tokens": counts["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": output.stats.reasoning_tokens},
         "total_tokens": counts["total_tokens"],
         "rapid": counts["rapid"],
     }

@@ -51,6 +51,7 @@ class ChatMessage(_Lenient):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier turn's reasoning (vLLM's name)
 
 
 class JsonSchemaFormat(_Lenient):
