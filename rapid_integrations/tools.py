@@ -264,7 +264,7 @@ def _rendered(message: Mapping[str, Any], names: Mapping[Any, Any]) -> dict[str,
         name = message.get("name") or names.get(message.get("tool_call_id")) or "a tool"
         return {
             "role": "user",
-            "content": RESULT_TURN.format(name=name, content=message["content"]),
+            "content": RESULT_TURN.format(name=name, content=message.get("content")),
         }
     calls = message.get("tool_calls")
     if not calls:
