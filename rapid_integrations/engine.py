@@ -488,7 +488,7 @@ class RapidEngine:
         if tools is not None:
             if grammar is not None:
                 raise GrammarError("pass grammar= or tools=, not both: tools bring their grammar")
-            grammar = tools.grammar()
+            grammar = tools.grammar(self.tokenizer)
         if grammar is None:
             return None
         from .grammar import Grammar

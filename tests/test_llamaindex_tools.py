@@ -117,13 +117,13 @@ def test_chat_with_tools_equals_the_engines_own_call(
 
 def test_one_required_call_without_parallel_calls(llm: RapidLLM, engine: RapidEngine) -> None:
     """Required, no parallel calls: the grammar allows one call, so decoding ends after it;
-    where the engine with parallel calls chains two, the answer is the first of them."""
+    where the engine with parallel calls chains several, the answer is the first of them."""
     response = llm.chat_with_tools(TOOLS[:1], user_msg=QUESTION, tool_required=True, seed=1)
     assert len(llm.get_tool_calls_from_response(response)) == 1
     assert response.raw["finish_reason"] == "tool_calls"
-    room = {"seed": 1, "max_new_tokens": 300, **SAMPLED}  # seed 1 chains two calls
+    room = {"seed": 1, "max_new_tokens": 300, **SAMPLED}  # seed 1 chains three calls
     want = own(engine, [{"role": "user", "content": QUESTION}], tool_choice="required", **room)
-    assert len(want.tool_calls) == 2
+    assert len(want.tool_calls) >= 2
     response = llm.chat_with_tools(TOOLS, user_msg=QUESTION, tool_required=True, **room)
     assert pairs(llm.get_tool_calls_from_response(response)) == [
         (c.name, c.arguments) for c in want.tool_calls[:1]
