@@ -107,7 +107,7 @@ class Constraints:
     def _accept(self, token: int) -> None:
         """Advance the matcher over one tail token; after a refusal it stays where it was."""
         self._tail.append(token)
-        if self._live and self._matcher.accept_token(token):
+        if self._live and self._matcher is not None and self._matcher.accept_token(token):
             self._matched += 1
             self._live = not self._matcher.is_terminated()
         else:
@@ -122,7 +122,7 @@ class Constraints:
         start = time.perf_counter()
         k = z.shape[0]
         for i in range(k):
-            if self._live:
+            if self._live and self._matcher is not None:  # live: there is a matcher
                 self._matcher.fill_next_token_bitmask(self._bitmask, i)
                 self._check_writable(i)
             elif i:

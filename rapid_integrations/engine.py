@@ -18,7 +18,7 @@ import time
 import traceback
 from collections.abc import Callable, Generator, Hashable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -91,11 +91,11 @@ def speculate(
         asked = min(schedule.gamma, left)
         forwards = proposer.state.forward_passes if proposer else 0
         x, q = target.pending[:0], None  # a plain step: q too, unless drafting stopped (2.7)
-        if left > 0:
+        if proposer and left > 0:
             x, q = proposer.propose(asked, left)
         elif proposer and not schedule.stopped:
             q = proposer.q_here()
-        copies = proposer.copies if left > 0 else 0
+        copies = proposer.copies if proposer and left > 0 else 0
         drafted_at = time.perf_counter()
         gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)
         logits = target.feed(x)
@@ -344,6 +344,7 @@ class RapidEngine:
         self, plan: _Plan, stats: RapidStats, start: float
     ) -> Generator[Delta, None, RapidOutput]:
         cfg = plan.cfg
+        assert stats.seed is not None  # `_plan` always draws one
         # Sampling and the verdict run where the deciding model's logits come out.
         gen = torch.Generator(logits_device(plan.main)).manual_seed(stats.seed)
         limit = min(cfg.max_new_tokens, plan.window - len(plan.ids))
@@ -413,6 +414,7 @@ class RapidEngine:
             stats.draft_forward_seconds = proposer.state.forward_seconds
             stats.lookup_drafted_tokens, stats.lookup_accepted_tokens = proposer.lookup_counts
         logprobs = scorer.kept if scorer else None
+        assert finish is not None  # `speculate` never ends: the loop leaves only by `break`
         if content is None:
             return RapidOutput(
                 detok.text, detok.ids, finish, stats.finalize(), len(plan.ids), logprobs=logprobs
@@ -520,6 +522,7 @@ class RapidEngine:
         if mode in ("rapid", "rag"):
             # The draft reads the same system message and tool specs (docs/algorithm.md
             # section 11): the retrieved prompt keeps system turns, the template gets tools.
+            assert draft_prompt is not None  # given, or retrieved above
             draft_ids = self._fit(self._encode(draft_prompt, template), self.draft, cfg)
         elif mode == "sd":
             draft_ids = self._fit(ids, self.draft, cfg)
@@ -527,6 +530,7 @@ class RapidEngine:
         stats.target_context_tokens = len(ids)
         stats.draft_context_tokens = len(draft_ids or ())
         if mode == "rag":
+            assert draft_ids is not None  # encoded above for "rag"
             plan = _Plan(
                 self.draft, draft_ids, config_window(self.draft.config), None, cfg, grammar, tools
             )
@@ -556,13 +560,15 @@ class RapidEngine:
         query: str | None,
         cfg: RapidConfig,
         stats: RapidStats,
-        mode: str,
-    ) -> tuple[Prompt, str]:
+        mode: Mode,
+    ) -> tuple[Prompt, Mode]:
         """Build the draft prompt by retrieval; returns it and the mode to run (lc on fallback)."""
         from .prompts import prepare_draft_prompt
 
         source = (
-            prompt if isinstance(prompt, str) or is_chat(prompt) else self.tokenizer.decode(ids)
+            prompt
+            if isinstance(prompt, str) or is_chat(prompt)
+            else cast(str, self.tokenizer.decode(ids))  # one flat id list: one string
         )
         built = prepare_draft_prompt(
             source, self.tokenizer, retriever=retriever, query=query, config=cfg

@@ -144,6 +144,7 @@ def _spec(i: int, tool: object) -> dict[str, Any]:
         )
     parameters = function.get("parameters") or _EMPTY_PARAMETERS
     schema = Grammar.json_schema(parameters).schema  # GrammarError when invalid
+    assert schema is not None  # a json_schema grammar keeps its schema
     if schema.get("type", "object") != "object":
         raise RapidInputError(f"tool {name!r}: parameters must be a JSON schema of an object")
     description = function.get("description") or ""
