@@ -21,11 +21,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transformers
 from tqdm.auto import tqdm
+from transformers import PreTrainedModel
 
 from ..config import DRAFT_PRECISIONS, RapidConfig, check_choice
 from ..engine import RapidEngine
@@ -154,7 +155,7 @@ class BenchSettings:
     def preset(cls, name: str | bool = "full", **overrides: Any) -> BenchSettings:
         """A preset of `PRESETS` ("full"; True means "quick", False "full") with overrides
         (None values are ignored)."""
-        name = {True: "quick", False: "full"}.get(name, name) if isinstance(name, bool) else name
+        name = ("quick" if name else "full") if isinstance(name, bool) else name
         _require("preset", name in PRESETS, f"one of {sorted(PRESETS)}")
         base = cls(**PRESETS[name])
         return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
@@ -363,8 +364,9 @@ def _qa_engine(
     dtype = resolve_dtype(settings.dtype if fixed else "float32", device)
     if settings.tiny_models:
         tokenizer = load_model(ensure_default_model(), LoadOptions(device, dtype))[1]
+        assert tokenizer is not None  # saved beside the default model by its conversion
         small, large = tiny_pair(len(tokenizer), 2 * max(settings.lengths + settings.speed_lengths))
-        target, draft = large.to(device), small.to(device)
+        target, draft = large.to(device), small.to(device)  # type: ignore[arg-type]  # python/typeshed#10653
     else:
         spec = settings.model or ensure_default_model()
         target, tokenizer = load_model(spec, LoadOptions(device, dtype))
@@ -402,7 +404,7 @@ def _engine_for(session: _Session, engine: RapidEngine, task: Task) -> RapidEngi
     return _rope_engine(session, engine, [task], "yarn")
 
 
-def memory_model(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, int]:
+def memory_model(model: PreTrainedModel, dtype: torch.dtype) -> dict[str, int]:
     """Bytes of the weights and of one token of KV cache (keys and values, every layer)."""
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -453,7 +455,7 @@ def _followups(settings: BenchSettings, tasks: list[Task]) -> list[Task | None]:
 def _tiny_suites(session: _Session, tokenizer: Any, tasks: list[Task]) -> None:
     """Downward then upward speculation with the tiny random pair, speed only."""
     small, large = tiny_pair(len(tokenizer), 2 * max(t.context_label for t in tasks))
-    small, large = small.to(session.device, session.dtype), large.to(session.device, session.dtype)
+    small, large = small.to(session.device, session.dtype), large.to(session.device, session.dtype)  # type: ignore[arg-type]  # python/typeshed#10653
     for suite, target, draft in (("tiny-downward", large, small), ("tiny-upward", small, large)):
         _speed_suite(session, suite, RapidEngine(target, draft, tokenizer), tasks, TINY_METHODS)
 
@@ -582,7 +584,8 @@ class _Retrieved:
         seconds = time.perf_counter() - start
         if built.target_only:  # retrieval failed: the engine falls back to the target alone
             return cls(None, seconds, 0.0)
-        text = "\n".join(m["content"] for m in built.prompt)
+        messages = cast(list[dict[str, Any]], built.prompt)  # chat in, chat out
+        text = "\n".join(m["content"] for m in messages)
         return cls(built.prompt, seconds, sum(f in text for f in task.facts) / len(task.facts))
 
 
