@@ -41,7 +41,7 @@ _LOGPROBS = "log probabilities are not returned by /v1/responses"
 def responses_call(request: ResponsesRequest, collections: Mapping[str, Collection]) -> EngineCall:
     """The engine call of a Responses API request; raises `ServeError` for what is refused."""
     _refuse_stateful(request)
-    chat = {
+    chat: dict[str, Any] = {
         "model": request.model,
         "messages": _messages(request),
         "max_completion_tokens": request.max_output_tokens,
@@ -280,6 +280,7 @@ class ResponseEvents:
         if not delta.text:
             return []
         events = [] if self.message else self._open_message()
+        assert self.message is not None  # open now
         part = self.message["content"][0]
         part["text"] += delta.text
         return [
