@@ -228,7 +228,7 @@ def _with_text_content(message: Mapping[str, Any]) -> dict[str, Any]:
         out["content"] = ""
     if out.get("tool_calls"):
         out["tool_calls"] = [
-            {**c, "function": {**c["function"], "arguments": _arguments(c)}}
+            {**c, "function": {**c["function"], "arguments": call_arguments(c["function"])}}
             for c in _calls(out["tool_calls"])
         ]
     return out
@@ -264,9 +264,9 @@ def _calls(calls: object) -> list[Mapping[str, Any]]:
     return list(calls)
 
 
-def _arguments(call: Mapping[str, Any]) -> dict[str, Any]:
-    """A history call's arguments as a dict (OpenAI sends a JSON string)."""
-    arguments = call["function"].get("arguments") or {}
+def call_arguments(function: Mapping[str, Any]) -> dict[str, Any]:
+    """A history call's `function.arguments` as a dict (OpenAI sends a JSON string)."""
+    arguments = function.get("arguments") or {}
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
