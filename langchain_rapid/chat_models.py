@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Generator, Sequence
+from typing import Any, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import (
@@ -144,7 +144,7 @@ class ChatRapid(RapidParams, BaseChatModel):
         stop: list[str] | None = None,
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
-    ) -> Iterator[ChatGenerationChunk]:
+    ) -> Generator[ChatGenerationChunk, None, None]:
         """One chunk per piece of text the engine commits, then a last chunk with the metadata."""
         run = self._start(to_chat_messages(messages), stop, kwargs)
         for delta in run:
@@ -166,7 +166,8 @@ class ChatRapid(RapidParams, BaseChatModel):
         stream = aiter_in_thread(lambda: self._stream(messages, stop, **kwargs))
         async with contextlib.aclosing(stream) as chunks:
             async for chunk in chunks:
-                if run_manager and chunk.message.chunk_position != "last":
+                message = cast(AIMessageChunk, chunk.message)  # `_stream` makes AI chunks
+                if run_manager and message.chunk_position != "last":
                     await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
                 yield chunk
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Generator, Iterable
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -80,7 +80,7 @@ class RapidLLM(RapidParams, BaseLLM):
         stop: list[str] | None = None,
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
-    ) -> Iterator[GenerationChunk]:
+    ) -> Generator[GenerationChunk, None, None]:
         """One chunk per piece of text the engine commits, then a last one with the metadata."""
         run = self._start(self._as_prompt(prompt), stop, kwargs)
         for delta in run:

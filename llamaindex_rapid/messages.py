@@ -22,6 +22,7 @@ from llama_index.core.base.llms.types import (
 from llama_index.core.llms.llm import ToolSelection
 
 from rapid_integrations import RapidInputError, ToolCall
+from rapid_integrations.tools import call_arguments
 
 # LlamaIndex roles with no chat-template counterpart, mapped to the nearest standard role.
 _ROLES = {
@@ -121,8 +122,12 @@ def tool_selections(response: ChatResponse, error_on_no_tool_call: bool) -> list
             "to get an empty list"
         )
     return [
+        # Arguments as JSON text (other integrations' blocks) are parsed: ToolSelection would
+        # silently turn them into no arguments.
         ToolSelection(
-            tool_id=b.tool_call_id or "", tool_name=b.tool_name, tool_kwargs=b.tool_kwargs
+            tool_id=b.tool_call_id or "",
+            tool_name=b.tool_name,
+            tool_kwargs=call_arguments({"arguments": b.tool_kwargs}),
         )
         for b in blocks
     ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -87,7 +87,7 @@ def _matmul_attention(
     return torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), value)
 
 
-def use_rapid_attention(model: torch.nn.Module) -> None:
+def use_rapid_attention(model: PreTrainedModel) -> None:
     """Switch a transformers model that uses SDPA to this attention (other kernels are kept)."""
     AttentionInterface.register(NAME, rapid_attention)
     AttentionMaskInterface.register(NAME, sdpa_mask)

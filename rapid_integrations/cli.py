@@ -436,7 +436,7 @@ def _prefill_progress(
     def after(module: Any, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is not None and not bar.disable:
-            bar.update(min(int(ids.shape[-1]), bar.total - bar.n))
+            bar.update(min(int(ids.shape[-1]), total - bar.n))
 
     handle = engine.target.register_forward_hook(after, with_kwargs=True)
     try:

@@ -142,7 +142,8 @@ class ModelProposer:
             if self._constraints is not None:
                 self._constraints.advance(tail)
             xs.append(tail)
-            qs.append(q)
+            if q is not None:  # None when the verdict needs no q: then qs is never read
+                qs.append(q)
             picked.append(logits)
             more = len(picked) < gamma and len(xs) < limit
             # One sync per draft step, as the confidence threshold's: a draft past an end id

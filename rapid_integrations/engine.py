@@ -19,7 +19,7 @@ import time
 import traceback
 from collections.abc import Callable, Generator, Hashable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -100,11 +100,11 @@ def speculate(
         asked = min(schedule.gamma, left)
         forwards = proposer.state.forward_passes if proposer else 0
         x, q = target.pending[:0], None  # a plain step: q too, unless drafting stopped (2.7)
-        if left > 0:
+        if proposer and left > 0:
             x, q = proposer.propose(asked, left)
         elif proposer and not schedule.stopped:
             q = proposer.q_here()
-        copies = proposer.copies if left > 0 else 0
+        copies = proposer.copies if proposer and left > 0 else 0
         drafted_at = time.perf_counter()
         gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)
         logits = target.feed(x)
@@ -376,6 +376,7 @@ class RapidEngine:
         self, plan: _Plan, stats: RapidStats, start: float
     ) -> Generator[Delta, None, RapidOutput]:
         cfg = plan.cfg
+        assert stats.seed is not None  # `_plan` always draws one
         # Sampling and the verdict run where the deciding model's logits come out.
         gen = torch.Generator(logits_device(plan.main)).manual_seed(stats.seed)
         limit = min(cfg.max_new_tokens, plan.window - len(plan.ids))
@@ -422,6 +423,7 @@ class RapidEngine:
         stats.grammar_seconds = sum(c.seconds for c in (shaping, draft_shaping) if c)
         _count(stats, target, proposer, sections)
         logprobs = scorer.kept if scorer else None
+        assert finish is not None  # `speculate` never ends: the loop leaves only by `break`
         calls = sections.calls.calls if sections.calls else []
         finish = "tool_calls" if calls and finish == "eos" else finish
         return RapidOutput(
@@ -447,6 +449,7 @@ class RapidEngine:
         if plan.draft_ids is None:
             return None, None
         cfg = plan.cfg
+        assert stats.seed is not None  # `_plan` always draws one
         draft_at = logits_device(self.draft)
         draft_gen = (
             gen if draft_at == gen.device else torch.Generator(draft_at).manual_seed(stats.seed + 1)
@@ -560,6 +563,7 @@ class RapidEngine:
         if mode in ("rapid", "rag"):
             # The draft reads the same system message and tool specs (docs/algorithm.md
             # section 11): the retrieved prompt keeps system turns, the template gets tools.
+            assert draft_prompt is not None  # given, or retrieved above
             draft_ids = self._fit(self._encode(draft_prompt, template), self.draft, cfg)
         elif mode == "sd":
             draft_ids = self._fit(ids, self.draft, cfg)
@@ -567,6 +571,7 @@ class RapidEngine:
         stats.target_context_tokens = len(ids)
         stats.draft_context_tokens = len(draft_ids or ())
         if mode == "rag":
+            assert draft_ids is not None  # encoded above for "rag"
             main, main_ids, draft_ids = self.draft, draft_ids, None
         else:
             main, main_ids = self.target, ids
@@ -594,13 +599,15 @@ class RapidEngine:
         query: str | None,
         cfg: RapidConfig,
         stats: RapidStats,
-        mode: str,
-    ) -> tuple[Prompt, str]:
+        mode: Mode,
+    ) -> tuple[Prompt, Mode]:
         """Build the draft prompt by retrieval; returns it and the mode to run (lc on fallback)."""
         from .prompts import prepare_draft_prompt
 
         source = (
-            prompt if isinstance(prompt, str) or is_chat(prompt) else self.tokenizer.decode(ids)
+            prompt
+            if isinstance(prompt, str) or is_chat(prompt)
+            else cast(str, self.tokenizer.decode(ids))  # one flat id list: one string
         )
         built = prepare_draft_prompt(
             source, self.tokenizer, retriever=retriever, query=query, config=cfg

@@ -71,7 +71,7 @@ def ensure_default_model(progress: bool = True) -> Path:
     model, tokenizer = _load_gguf(gguf, progress=progress)
     # The weights are already de-quantized fp32; drop the GGUF markers so they save as plain
     # safetensors and load without `gguf` next time.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # set, undeclared, by transformers
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -264,8 +264,10 @@ def load_model(
         dtype = kwargs.pop("dtype")
         model, tokenizer = _load_gguf(path, model_kwargs=kwargs)
         # GGUF weights are de-quantized on load: plain tensors that can be moved and cast.
+        # (The ignores on `.to`: transformers wraps it with functools.wraps, which typeshed
+        # types as an unbound function, python/typeshed#10653.)
         if "device_map" not in kwargs:
-            model = model.to(device=device, dtype=dtype)
+            model = model.to(device=device, dtype=dtype)  # type: ignore[call-arg]  # python/typeshed#10653
         return model.eval(), tokenizer
     from transformers import AutoModelForCausalLM
 
@@ -281,7 +283,7 @@ def load_model(
             "transformers model object; hub ids need network access to the Hugging Face hub."
         ) from exc
     if "device_map" not in kwargs and not places_itself(model):
-        model = model.to(device)
+        model = model.to(device)  # type: ignore[arg-type]  # python/typeshed#10653
     return model.eval(), _saved_tokenizer(source, options.saved_tokenizer_kwargs())
 
 
@@ -350,7 +352,7 @@ def lower_precision_copy(model: PreTrainedModel, precision: str) -> PreTrainedMo
         return _weight_only(model, precision).eval()
     clone = copy.deepcopy(model)
     if precision != "int8":
-        return clone.to(resolve_dtype(precision, model.device)).eval()
+        return clone.to(resolve_dtype(precision, model.device)).eval()  # type: ignore[arg-type]  # python/typeshed#10653
     from torch.ao.quantization import quantize_dynamic
 
     with warnings.catch_warnings():

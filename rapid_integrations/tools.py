@@ -158,6 +158,7 @@ def _spec(i: int, tool: object) -> dict[str, Any]:
         )
     parameters = function.get("parameters") or _EMPTY_PARAMETERS
     schema = Grammar.json_schema(parameters).schema  # GrammarError when invalid
+    assert schema is not None  # a json_schema grammar keeps its schema
     if schema.get("type", "object") != "object":
         raise RapidInputError(f"tool {name!r}: parameters must be a JSON schema of an object")
     description = function.get("description") or ""
@@ -257,7 +258,7 @@ def _with_text_content(message: Mapping[str, Any]) -> dict[str, Any]:
         out["content"] = ""
     if out.get("tool_calls"):
         out["tool_calls"] = [
-            {**c, "function": {**c["function"], "arguments": _arguments(c)}}
+            {**c, "function": {**c["function"], "arguments": call_arguments(c["function"])}}
             for c in _calls(out["tool_calls"])
         ]
     return out
@@ -295,9 +296,9 @@ def _calls(calls: object) -> list[Mapping[str, Any]]:
     return list(calls)
 
 
-def _arguments(call: Mapping[str, Any]) -> dict[str, Any]:
-    """A history call's arguments as a dict (OpenAI sends a JSON string)."""
-    arguments = call["function"].get("arguments") or {}
+def call_arguments(function: Mapping[str, Any]) -> dict[str, Any]:
+    """A history call's `function.arguments` as a dict (OpenAI sends a JSON string)."""
+    arguments = function.get("arguments") or {}
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)

@@ -50,6 +50,9 @@ class Int8WeightLinear(torch.nn.Module):
     dtype; bias: [out_features] or None.
     """
 
+    weight: torch.Tensor  # buffers, declared for the type checker
+    scale: torch.Tensor
+
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
         source = linear.weight.detach()
@@ -80,6 +83,9 @@ class Int4WeightLinear(torch.nn.Module):
     byte); scale_and_offset: [in_features / GROUP, out_features, 2] in the source Linear's
     dtype; bias: [out_features] or None.
     """
+
+    weight: torch.Tensor  # buffers, declared for the type checker
+    scale_and_offset: torch.Tensor
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()

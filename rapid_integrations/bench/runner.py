@@ -24,11 +24,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transformers
 from tqdm.auto import tqdm
+from transformers import PreTrainedModel
 
 from ..config import DRAFT_PRECISIONS, RapidConfig, check_choice
 from ..engine import RapidEngine
@@ -172,7 +173,7 @@ class BenchSettings:
         """A preset of `PRESETS` ("full"; True means "quick", False "full") with overrides
         (None values are ignored); with suite "broad", "full" and "quick" are the broad
         suite's presets."""
-        name = {True: "quick", False: "full"}.get(name, name) if isinstance(name, bool) else name
+        name = ("quick" if name else "full") if isinstance(name, bool) else name
         if overrides.get("suite") == "broad":
             name = {"full": "broad", "quick": "broad-quick"}.get(name, name)
             _require("preset", name.startswith("broad"), "--quick or none with the broad suite")
@@ -424,8 +425,9 @@ def _qa_engine(
     dtype = resolve_dtype(settings.dtype if fixed else "float32", device)
     if settings.tiny_models:
         tokenizer = load_model(ensure_default_model(), LoadOptions(device, dtype))[1]
+        assert tokenizer is not None  # saved beside the default model by its conversion
         small, large = tiny_pair(len(tokenizer), 2 * max(settings.lengths + settings.speed_lengths))
-        target, draft = large.to(device), small.to(device)
+        target, draft = large.to(device), small.to(device)  # type: ignore[arg-type]  # python/typeshed#10653
     else:
         spec = settings.model or ensure_default_model()
         target, tokenizer = load_model(spec, LoadOptions(device, dtype))
@@ -463,7 +465,7 @@ def _engine_for(session: _Session, engine: RapidEngine, task: Task) -> RapidEngi
     return _rope_engine(session, engine, [task], "yarn")
 
 
-def memory_model(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, int]:
+def memory_model(model: PreTrainedModel, dtype: torch.dtype) -> dict[str, int]:
     """Bytes of the weights and of one token of KV cache (keys and values, every layer)."""
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -516,7 +518,7 @@ def _followups(settings: BenchSettings, tasks: list[Task]) -> list[Task | None]:
 def _tiny_suites(session: _Session, tokenizer: Any, tasks: list[Task]) -> None:
     """Downward then upward speculation with the tiny random pair, speed only."""
     small, large = tiny_pair(len(tokenizer), 2 * max(t.context_label for t in tasks))
-    small, large = small.to(session.device, session.dtype), large.to(session.device, session.dtype)
+    small, large = small.to(session.device, session.dtype), large.to(session.device, session.dtype)  # type: ignore[arg-type]  # python/typeshed#10653
     for suite, target, draft in (("tiny-downward", large, small), ("tiny-upward", small, large)):
         _speed_suite(session, suite, RapidEngine(target, draft, tokenizer), tasks, TINY_METHODS)
 
@@ -645,7 +647,8 @@ class _Retrieved:
         seconds = time.perf_counter() - start
         if built.target_only:  # retrieval failed: the engine falls back to the target alone
             return cls(None, seconds, 0.0)
-        text = "\n".join(m["content"] for m in built.prompt)
+        messages = cast(list[dict[str, Any]], built.prompt)  # chat in, chat out
+        text = "\n".join(m["content"] for m in messages)
         found = sum(f in text for f in task.facts)
         return cls(built.prompt, seconds, found / len(task.facts) if task.facts else None)
 

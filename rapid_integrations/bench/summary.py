@@ -124,10 +124,9 @@ def _round_rates(rs: list[Record]) -> list[float | None] | None:
 def _texts(rs: list[Record]) -> list[str] | None:
     """The distinct texts the group decoded, each as the first 12 hex digits of its SHA-256
     (sorted; None where a record has no text): rows with equal lists wrote the same texts."""
-    answers = [r.get("answer") for r in rs]
-    if any(a is None for a in answers):
+    if any(r.get("answer") is None for r in rs):
         return None
-    return sorted({hashlib.sha256(a.encode()).hexdigest()[:12] for a in answers})
+    return sorted({hashlib.sha256(r["answer"].encode()).hexdigest()[:12] for r in rs})
 
 
 def _pooled_outside(rs: list[Record]) -> float | None:
