@@ -37,6 +37,7 @@ test-fast: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy  # the three packages, as [tool.mypy] in pyproject.toml lists them
 
 bench-quick: setup
 	$(VENV)/bin/rapid bench --quick --out bench-out

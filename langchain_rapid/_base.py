@@ -42,6 +42,8 @@ from .retrievers import as_context_retriever
 if TYPE_CHECKING:
     from typing import TypeAlias
 
+    from langchain_core.language_models import LangSmithParams
+    from langchain_core.messages.ai import UsageMetadata
     from langchain_core.retrievers import BaseRetriever
     from langchain_core.vectorstores import VectorStore
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -341,12 +343,14 @@ class RapidParams(BaseModel):
         options = CallOptions.of({"mode": self.mode, **self._config_overrides(), **call})
         return TimedRun(self.get_engine().stream(prompt, options=options), self.timeout)
 
-    def _usage(self, output: RapidOutput) -> dict[str, Any]:
+    def _usage(self, output: RapidOutput) -> UsageMetadata:
         """Real token counts: the target's prompt and the committed tokens, of which a
         reasoning section's (markers included) in `output_token_details`, as ChatOpenAI
         reports a reasoning model's."""
         generated = len(output.token_ids)
-        usage: dict[str, Any] = {
+        # The ignore: at python_version 3.10 mypy reads langchain-core's `typing.NotRequired`
+        # (3.11+) as nothing, so the optional token-detail keys look required.
+        usage: UsageMetadata = {  # type: ignore[typeddict-item]
             "input_tokens": output.prompt_tokens,
             "output_tokens": generated,
             "total_tokens": output.prompt_tokens + generated,
@@ -365,9 +369,9 @@ class RapidParams(BaseModel):
 
     def _ls_params(
         self, model_type: Literal["chat", "llm"], stop: list[str] | None, kwargs: dict[str, Any]
-    ) -> dict[str, Any]:
+    ) -> LangSmithParams:
         """LangSmith tracing parameters; per-call values win over the instance's."""
-        params: dict[str, Any] = {
+        params: LangSmithParams = {
             "ls_provider": "rapid",
             "ls_model_name": kwargs.get("model") or self.model_label,
             "ls_model_type": model_type,

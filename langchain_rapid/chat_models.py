@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Generator, Sequence
+from typing import Any, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import (
@@ -147,9 +147,10 @@ class ChatRapid(RapidParams, BaseChatModel):
         stop: list[str] | None = None,
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
-    ) -> Iterator[ChatGenerationChunk]:
+    ) -> Generator[ChatGenerationChunk, None, None]:
         for chunk in self._chunks(messages, stop, kwargs, stream_calls=True):
-            if run_manager and chunk.message.chunk_position != "last":
+            message = cast(AIMessageChunk, chunk.message)  # `_chunks` makes AI chunks
+            if run_manager and message.chunk_position != "last":
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk, logprobs=_logprobs(chunk))
             yield chunk
 
@@ -169,7 +170,7 @@ class ChatRapid(RapidParams, BaseChatModel):
         stop: list[str] | None,
         kwargs: dict[str, Any],
         stream_calls: bool,
-    ) -> Iterator[ChatGenerationChunk]:
+    ) -> Generator[ChatGenerationChunk, None, None]:
         """One chunk per engine step that released anything (answer text, reasoning in
         `additional_kwargs["reasoning_content"]`, log probabilities, tool-call fragments),
         then a last chunk with the metadata.
@@ -203,7 +204,8 @@ class ChatRapid(RapidParams, BaseChatModel):
         stream = aiter_in_thread(lambda: self._chunks(messages, stop, kwargs, stream_calls))
         async with contextlib.aclosing(stream) as chunks:
             async for chunk in chunks:
-                if run_manager and chunk.message.chunk_position != "last":
+                message = cast(AIMessageChunk, chunk.message)  # `_chunks` makes AI chunks
+                if run_manager and message.chunk_position != "last":
                     await run_manager.on_llm_new_token(
                         chunk.text, chunk=chunk, logprobs=_logprobs(chunk)
                     )

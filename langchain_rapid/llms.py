@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Generator, Iterable
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -83,7 +83,7 @@ class RapidLLM(RapidParams, BaseLLM):
         stop: list[str] | None = None,
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
-    ) -> Iterator[GenerationChunk]:
+    ) -> Generator[GenerationChunk, None, None]:
         """One chunk per engine step that released text or log probabilities, then a last
         one with the metadata. Log probabilities are in OpenAI's completion LLM's place and
         shape (`generation_info["logprobs"]`: tokens, token_logprobs, top_logprobs,

@@ -243,7 +243,8 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
                 translate_generate_kwargs(generate_kwargs or {}, "generate_kwargs"),
             ),
         )
-        super().__init__(
+        # The ignore: mypy types pydantic's __init__ with the base class's fields only.
+        super().__init__(  # type: ignore[call-arg]
             model_name=model_name or handle.label,
             context_window=context_window,
             max_new_tokens=max_new_tokens,
@@ -355,6 +356,7 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         if not formatted and self.query_wrapper_prompt is not None:
             prompt = self.query_wrapper_prompt.format(query_str=prompt)
         if "completion_to_prompt" in self._own_formatting:
+            assert self.completion_to_prompt is not None  # the user's own
             return prompt if formatted else self.completion_to_prompt(prompt)
         system = self.system_prompt if self.system_prompt and not formatted else None
         if self.raw_completion or not has_chat_template(self.get_engine().tokenizer):
@@ -410,6 +412,7 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
                     "tool calls and tool results need the tokenizer's chat template, which "
                     "a messages_to_prompt of your own (or a tokenizer without one) replaces"
                 )
+            assert self.messages_to_prompt is not None  # the user's, or LlamaIndex's default
             return self.messages_to_prompt(messages)
         return to_engine_messages(messages)
 

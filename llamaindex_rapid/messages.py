@@ -27,6 +27,7 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.llms.utils import parse_partial_json
 
 from rapid_integrations import CallFragment, RapidInputError, ToolCall
+from rapid_integrations.tools import call_arguments
 
 # LlamaIndex roles with no chat-template counterpart, mapped to the nearest standard role.
 _ROLES = {
@@ -141,14 +142,29 @@ def assistant_message(
     """An answer: its reasoning (a `ThinkingBlock`), its text (a block only when there is
     text or no call), then its calls, as `ToolCallBlock`s and in OpenAI's shape in
     `additional_kwargs["tool_calls"]` (llama-index-llms-openai's). A call still streaming
-    has its arguments as partial JSON text, as llama-index-llms-openai's streamed ones."""
+    has in its block the arguments read so far, and in `additional_kwargs` their JSON text so
+    far, as llama-index-llms-openai's streamed ones."""
     blocks: list[Any] = [ThinkingBlock(content=reasoning)] if reasoning else []
     blocks += [TextBlock(text=text)] if text or not calls else []
     blocks += [
-        ToolCallBlock(tool_call_id=c.id, tool_name=c.name, tool_kwargs=c.arguments) for c in calls
+        ToolCallBlock(tool_call_id=c.id, tool_name=c.name, tool_kwargs=_kwargs(c)) for c in calls
     ]
     extra = {"tool_calls": [_openai_call(c) for c in calls]} if calls else {}
     return ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks, additional_kwargs=extra)
+
+
+def _kwargs(call: ToolCall | StreamedCall) -> dict[str, Any]:
+    """A call's arguments; a streaming call's partial JSON text read as far as it goes with
+    LlamaIndex's own `parse_partial_json` (as llama-index-llms-openai reads its streamed
+    calls), so that `get_tool_calls_from_response`, which refuses arguments that are no JSON
+    object, serves every streamed response (FunctionAgent reads each one)."""
+    if isinstance(call, ToolCall):
+        return call.arguments
+    try:
+        value = parse_partial_json(call.arguments)
+    except (ValueError, TypeError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _openai_call(call: ToolCall | StreamedCall) -> dict[str, Any]:
@@ -169,17 +185,12 @@ def tool_selections(response: ChatResponse, error_on_no_tool_call: bool) -> list
             "to get an empty list"
         )
     return [
-        ToolSelection(tool_id=b.tool_call_id or "", tool_name=b.tool_name, tool_kwargs=_kwargs(b))
+        # Arguments as JSON text (other integrations' blocks) are parsed: ToolSelection would
+        # silently turn them into no arguments.
+        ToolSelection(
+            tool_id=b.tool_call_id or "",
+            tool_name=b.tool_name,
+            tool_kwargs=call_arguments({"arguments": b.tool_kwargs}),
+        )
         for b in blocks
     ]
-
-
-def _kwargs(block: ToolCallBlock) -> dict[str, Any]:
-    """A call's arguments; a streaming call's partial JSON text read as far as it goes, with
-    LlamaIndex's own `parse_partial_json` (as llama-index-llms-openai does)."""
-    if isinstance(block.tool_kwargs, dict):
-        return block.tool_kwargs
-    try:
-        return parse_partial_json(block.tool_kwargs)
-    except (ValueError, TypeError):
-        return {}

@@ -271,7 +271,9 @@ class LoadSpec:
             source = self.model
         if isinstance(source, (str, os.PathLike)) and os.fspath(source).endswith(".gguf"):
             return _gguf_tokenizer(os.fspath(source))
-        return load_tokenizer(source, kwargs)
+        tokenizer = load_tokenizer(source, kwargs)
+        assert tokenizer is not None  # every branch above gave a source
+        return tokenizer
 
     def context_window(self) -> int:
         """The target's window in tokens, read from its config without loading weights."""

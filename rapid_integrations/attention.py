@@ -5,9 +5,10 @@ transformers' SDPA path handles several queries with grouped-query attention (GQ
 ~1 GB of writes per pass for SmolLM2 in fp32). Here the query heads that share a KV head are
 folded into the query-length axis instead, so the cache is read in place:
     query [1, Hq, q, d] -> [1, Hkv, (Hq / Hkv) * q, d],  mask [1, 1, q, kv] tiled to match.
-On CPU in bf16/fp16, PyTorch's flash kernel is slow for few queries (3.6 ms a layer at 8K for
-one query, measured), so the scores are two matmuls with an fp32 softmax instead. Long query
-blocks (prefill) and anything unusual go to transformers' own SDPA function unchanged.
+On CPU in bf16/fp16, PyTorch's flash kernel is slow for few queries (measured in
+docs/performance.md, "Why these defaults"), so the scores are two matmuls with an fp32 softmax
+instead. Long query blocks (prefill) and anything unusual go to transformers' own SDPA
+function unchanged.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -86,7 +87,7 @@ def _matmul_attention(
     return torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), value)
 
 
-def use_rapid_attention(model: torch.nn.Module) -> None:
+def use_rapid_attention(model: PreTrainedModel) -> None:
     """Switch a transformers model that uses SDPA to this attention (other kernels are kept)."""
     AttentionInterface.register(NAME, rapid_attention)
     AttentionMaskInterface.register(NAME, sdpa_mask)

@@ -4,6 +4,8 @@
     rapid chat FILE [options]               a multi-turn conversation about FILE (stdin)
     rapid bench [--quick | --long | --eta-sweep | --prefill] [--out DIR]
                                             quality and speed of every method, side by side
+    rapid bench --suite broad [--split dev|test] [--quick]
+                                            the broad QA suite's candidates on one half
     rapid serve [--host H] [--port P]       an OpenAI-compatible server (docs/serving.md)
 
 Without --model the embedded SmolLM2-135M-Instruct answers (converted once on first use).
@@ -208,8 +210,25 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-sizes", type=_ints, help="--prefill: chunk sizes tried")
     p.add_argument("--out", type=Path, help="output folder (default bench-out)")
     p.add_argument("--lengths", type=_ints, help="context lengths, e.g. 2048,4096,8192")
-    p.add_argument("--kinds", type=_words, help="task kinds: single,two,chat")
-    p.add_argument("--tasks", dest="per_cell", type=int, help="tasks per kind and length")
+    p.add_argument(
+        "--suite",
+        help="task set: standard (default: qa and speed suites) or broad (issue 27's QA suite)",
+    )
+    p.add_argument(
+        "--split", help="--suite broad: the dev half (default, to choose) or the test half"
+    )
+    p.add_argument("--texts", type=_words, help="--suite broad: text kinds docs,story,logs")
+    p.add_argument(
+        "--kinds",
+        type=_words,
+        help="task kinds: single,two,chat (--suite broad: also hop,absent,count)",
+    )
+    p.add_argument(
+        "--tasks",
+        dest="per_cell",
+        type=int,
+        help="tasks per kind and length (--suite broad: per text and question kind)",
+    )
     p.add_argument("--methods", type=_words, help="lc,rag,sd,rapid,hf,hf-pld (--long too)")
     p.add_argument("--etas", type=_floats, help="eta values of rapid, e.g. 0,5,10")
     p.add_argument(
@@ -424,7 +443,7 @@ def _prefill_progress(
     def after(module: Any, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is not None and not bar.disable:
-            bar.update(min(int(ids.shape[-1]), bar.total - bar.n))
+            bar.update(min(int(ids.shape[-1]), total - bar.n))
 
     handle = engine.target.register_forward_hook(after, with_kwargs=True)
     try:
@@ -453,6 +472,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
     """`rapid bench`: run the benchmark, write DIR/results.json, results.md and plots."""
     from .bench.runner import BenchSettings, run_bench
 
+    broad_only = [f for f, v in (("--split", args.split), ("--texts", args.texts)) if v]
+    if broad_only and args.suite != "broad":  # never ignored silently
+        raise RapidConfigError("suite", f"{' and '.join(broad_only)} need --suite broad")
     settings = BenchSettings.preset(
         args.preset or "full",
         gammas=args.gammas,
@@ -479,6 +501,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
         device=args.device,
         seed=args.seed,
         progress=args.progress,
+        suite=args.suite,
+        split=args.split,
+        texts=args.texts,
     )
     if args.constrained:
         from .bench.constrained import run_constrained_bench
@@ -495,7 +520,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     out = run_bench(settings)
     results = json.loads((out / "results.json").read_text())
     if args.json:
-        keep = ("machine", "dtype", "wall_seconds", "summary", "speed_figures")
+        keep = ("machine", "dtype", "wall_seconds", "summary", "accuracy_cells", "speed_figures")
         print(json.dumps({"out": str(out), **{k: results.get(k) for k in keep}}))
     else:
         print((out / "results.md").read_text())

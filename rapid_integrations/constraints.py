@@ -147,7 +147,7 @@ class Constraints:
         for i in range(k):
             if self._place.phase == "inside":
                 self._bitmask[i] = -1  # every bit set: the grammar does not read the section
-            elif self._live:
+            elif self._live and self._matcher is not None:  # live: there is a matcher
                 self._matcher.fill_next_token_bitmask(self._bitmask, i)
                 self._check_writable(i)
                 if self._place.phase == "before":

@@ -20,9 +20,11 @@ def demo_document() -> str:
     )
 
 
-def demo_messages(document: str, question: str = QUESTION) -> list[dict[str, str]]:
-    """A system turn and one user turn holding `document`, then `question`."""
+def demo_messages(
+    document: str, question: str = QUESTION, system: str = SYSTEM_PROMPT
+) -> list[dict[str, str]]:
+    """A `system` turn and one user turn holding `document`, then `question`."""
     return [
-        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "system", "content": system},
         {"role": "user", "content": f"Document:\n{document}\n\nQuestion: {question}"},
     ]

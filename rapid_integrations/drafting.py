@@ -142,7 +142,8 @@ class ModelProposer:
             if self._constraints is not None:
                 self._constraints.advance(tail)
             xs.append(tail)
-            qs.append(q)
+            if q is not None:  # None when the verdict needs no q: then qs is never read
+                qs.append(q)
             picked.append(logits)
             more = len(picked) < gamma and len(xs) < limit
             # One sync per draft step, as the confidence threshold's: a draft past an end id
@@ -352,9 +353,8 @@ class LookupFirst:
     def propose(self, gamma: int, room: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """See `Proposer.propose`: ids [k] and q [k, V] or [k + 1, V] (or None)."""
         # After the payoff stop (gamma 0) copies stop too: the draft would read every token
-        # emitted since it last read to vet them (fp32 2K: 77 ms a vetting pass against a
-        # 43 ms target step; a call stopped from its first pass ran at 0.92x lc, and at
-        # 0.99x without copies).
+        # emitted since it last read to vet them, which costs more than a target step
+        # (measured in docs/performance.md, "Why these defaults").
         find = self.lookup.find if gamma else None
         self._x, q = self.model.propose(gamma, room, find)
         return self._x, q

@@ -19,7 +19,7 @@ import time
 import traceback
 from collections.abc import Callable, Generator, Hashable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -100,11 +100,11 @@ def speculate(
         asked = min(schedule.gamma, left)
         forwards = proposer.state.forward_passes if proposer else 0
         x, q = target.pending[:0], None  # a plain step: q too, unless drafting stopped (2.7)
-        if left > 0:
+        if proposer and left > 0:
             x, q = proposer.propose(asked, left)
         elif proposer and not schedule.stopped:
             q = proposer.q_here()
-        copies = proposer.copies if left > 0 else 0
+        copies = proposer.copies if proposer and left > 0 else 0
         drafted_at = time.perf_counter()
         gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)
         logits = target.feed(x)
@@ -180,8 +180,8 @@ class RapidEngine:
     "int4-weight" (CPU) or "int8" drafts with a cheaper in-memory copy of the draft (of the
     target, under self-speculation); outputs stay exact, acceptance may drop (int8 loses
     most). "none" drafts with the draft as loaded. "auto" (the default; None means it too) is
-    "int4-weight" for self-speculation of a bf16 model on a CPU, where it was measured (a draft
-    forward 0.54-0.62x bf16's, the same tokens accepted), and "none" elsewhere;
+    "int4-weight" for self-speculation of a bf16 model on a CPU, where it was measured to pay
+    (docs/performance.md, "int4 groups of 32: the default draft on the CPU"), else "none";
     `engine.draft_precision` says which was chosen.
     Models that use SDPA are switched to `attention.rapid_attention`, the same math without
     copying the grouped-query KV cache on verify passes.
@@ -376,6 +376,7 @@ class RapidEngine:
         self, plan: _Plan, stats: RapidStats, start: float
     ) -> Generator[Delta, None, RapidOutput]:
         cfg = plan.cfg
+        assert stats.seed is not None  # `_plan` always draws one
         # Sampling and the verdict run where the deciding model's logits come out.
         gen = torch.Generator(logits_device(plan.main)).manual_seed(stats.seed)
         limit = min(cfg.max_new_tokens, plan.window - len(plan.ids))
@@ -422,6 +423,7 @@ class RapidEngine:
         stats.grammar_seconds = sum(c.seconds for c in (shaping, draft_shaping) if c)
         _count(stats, target, proposer, sections)
         logprobs = scorer.kept if scorer else None
+        assert finish is not None  # `speculate` never ends: the loop leaves only by `break`
         calls = sections.calls.calls if sections.calls else []
         finish = "tool_calls" if calls and finish == "eos" else finish
         return RapidOutput(
@@ -447,6 +449,7 @@ class RapidEngine:
         if plan.draft_ids is None:
             return None, None
         cfg = plan.cfg
+        assert stats.seed is not None  # `_plan` always draws one
         draft_at = logits_device(self.draft)
         draft_gen = (
             gen if draft_at == gen.device else torch.Generator(draft_at).manual_seed(stats.seed + 1)
@@ -454,13 +457,13 @@ class RapidEngine:
         draft = self._start(self.draft, plan.draft_ids, limit, cfg)
         stats.draft_cached_prefix_tokens = draft.reused_tokens
         shaping = self._constraints(plan, self.draft, "the draft model")
-        proposer: Proposer = ModelProposer(draft, cfg, draft_gen, shaping, eos)
+        model = ModelProposer(draft, cfg, draft_gen, shaping, eos)
         # The lookup's copies bypass the draft's constraints (its matcher and history
         # would fall behind), so it drafts only for calls with nothing to shape.
         if cfg.lookup_ngram and shaping is None:
             lookup = LookupProposer(plan.draft_ids, plan.ids, cfg.lookup_ngram)
-            proposer = LookupFirst(lookup, proposer)
-        return proposer, shaping
+            return LookupFirst(lookup, model), shaping
+        return model, shaping
 
     def _schedule(self, plan: _Plan, stats: RapidStats) -> tuple[Hashable, GammaSchedule, bool]:
         """The call's gamma schedule, its key and whether it is fresh: where the last call at
@@ -488,7 +491,7 @@ class RapidEngine:
         if tools is not None:
             if grammar is not None:
                 raise GrammarError("pass grammar= or tools=, not both: tools bring their grammar")
-            grammar = tools.grammar()
+            grammar = tools.grammar(self.tokenizer)
         if grammar is None:
             return None
         from .grammar import Grammar
@@ -560,6 +563,7 @@ class RapidEngine:
         if mode in ("rapid", "rag"):
             # The draft reads the same system message and tool specs (docs/algorithm.md
             # section 11): the retrieved prompt keeps system turns, the template gets tools.
+            assert draft_prompt is not None  # given, or retrieved above
             draft_ids = self._fit(self._encode(draft_prompt, template), self.draft, cfg)
         elif mode == "sd":
             draft_ids = self._fit(ids, self.draft, cfg)
@@ -567,6 +571,7 @@ class RapidEngine:
         stats.target_context_tokens = len(ids)
         stats.draft_context_tokens = len(draft_ids or ())
         if mode == "rag":
+            assert draft_ids is not None  # encoded above for "rag"
             main, main_ids, draft_ids = self.draft, draft_ids, None
         else:
             main, main_ids = self.target, ids
@@ -594,13 +599,15 @@ class RapidEngine:
         query: str | None,
         cfg: RapidConfig,
         stats: RapidStats,
-        mode: str,
-    ) -> tuple[Prompt, str]:
+        mode: Mode,
+    ) -> tuple[Prompt, Mode]:
         """Build the draft prompt by retrieval; returns it and the mode to run (lc on fallback)."""
         from .prompts import prepare_draft_prompt
 
         source = (
-            prompt if isinstance(prompt, str) or is_chat(prompt) else self.tokenizer.decode(ids)
+            prompt
+            if isinstance(prompt, str) or is_chat(prompt)
+            else cast(str, self.tokenizer.decode(ids))  # one flat id list: one string
         )
         built = prepare_draft_prompt(
             source, self.tokenizer, retriever=retriever, query=query, config=cfg

@@ -27,8 +27,8 @@ class Grammar:
 
     kind: str
     source: str
-    schema: dict[str, Any] | None = field(default=None, compare=False, hash=False)
-    xgrammar: xgr.Grammar = field(default=None, compare=False, hash=False, repr=False)
+    schema: dict[str, Any] | None = field(compare=False, hash=False)
+    xgrammar: xgr.Grammar = field(compare=False, hash=False, repr=False)
 
     @classmethod
     def json_schema(

@@ -6,11 +6,16 @@ import functools
 import inspect
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import (
+    CacheLayerMixin,
+    DummyLayer,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+)
 
 from .errors import RapidConfigError
 from .prefix_cache import KV, PrefixCache
@@ -23,6 +28,10 @@ class BufferedLayer(DynamicLayer):
     pass: at 8K tokens that is hundreds of MB per step. Here an append writes only the new
     tokens, and a rollback just moves the length back. `keys` / `values` are views [.., :len, :].
     """
+
+    # Tensors once the first update has run (the base class types them as optional).
+    keys: torch.Tensor
+    values: torch.Tensor
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
@@ -103,7 +112,7 @@ class BufferedSlidingLayer(BufferedLayer):
         return self.sliding_window
 
 
-def _buffered(layer: object, capacity: int) -> object | None:
+def _buffered(layer: object, capacity: int) -> CacheLayerMixin | DummyLayer | None:
     """The buffered replacement of one of transformers' cache layers; None if there is none."""
     if type(layer) is DynamicLayer:
         return BufferedLayer(capacity)
@@ -136,7 +145,7 @@ def new_cache(model: PreTrainedModel, capacity: int, role: str = "model") -> Dyn
             "(recurrent, convolutional or compressed attention), which cannot be rolled back "
             "to the accepted drafts; supported: full, sliding-window and chunked attention",
         )
-    cache.layers = layers
+    cache.layers = [layer for layer in layers if layer is not None]  # all: None raised above
     return cache
 
 
@@ -183,15 +192,15 @@ class KVState:
         ids = torch.tensor(prompt, dtype=torch.long, device=model.device)
         state = cls(model, new_cache(model, capacity), ids[-1:], vocab)
         head = prompt[:-1]
-        reuse = prefixes is not None and max_prefix_bytes > 0 and state._plain_layers()
-        if reuse:
-            state.reused_tokens, kv = prefixes.lookup(model, head)
+        reuse = prefixes if max_prefix_bytes > 0 and state._plain_layers() else None
+        if reuse is not None:
+            state.reused_tokens, kv = reuse.lookup(model, head)
             state._load(kv)
         for start in range(state.reused_tokens, len(head), chunk):
             part = ids[start : min(start + chunk, len(head))]
             model(input_ids=part[None], **_cache_arg(model, state.cache), logits_to_keep=1)
-        if reuse and head:
-            prefixes.store(model, head, state._views(), max_prefix_bytes)
+        if reuse is not None and head:
+            reuse.store(model, head, state._views(), max_prefix_bytes)
         return state
 
     def _plain_layers(self) -> bool:
@@ -200,12 +209,16 @@ class KVState:
 
     def _load(self, kv: KV) -> None:
         """Copy a stored prefix (per layer keys, values [1, kv_heads, tokens, head_dim]) in."""
-        for layer, (k, v) in zip(self.cache.layers, kv, strict=bool(kv)):
+        for layer, (k, v) in zip(self._buffers(), kv, strict=bool(kv)):
             layer.update(k, v)
 
     def _views(self) -> KV:
         """Per layer (keys, values) views [1, kv_heads, length, head_dim] of the buffers."""
-        return [(layer.keys, layer.values) for layer in self.cache.layers]
+        return [(layer.keys, layer.values) for layer in self._buffers()]
+
+    def _buffers(self) -> list[BufferedLayer]:
+        # Called only where `_plain_layers` holds (prefix reuse checks it first).
+        return cast(list[BufferedLayer], self.cache.layers)
 
     def feed(self, tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Read `pending` then `tokens` ([k] int64 ids); return their logits [len, vocab]
@@ -233,11 +246,12 @@ class KVState:
 
 
 @functools.cache
-def _cache_param(model_type: type) -> str:
+def _cache_param(model_type: type[torch.nn.Module]) -> str:
     # transformers renamed `past_key_values` to `cache` during 5.x; use whichever forward takes.
     params = inspect.signature(model_type.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
 def _cache_arg(model: PreTrainedModel, cache: DynamicCache) -> dict[str, Any]:
-    return {_cache_param(type(model)): cache, "use_cache": True}
+    # mypy takes a class for unhashable here (python/mypy#20409); classes hash by identity.
+    return {_cache_param(type(model)): cache, "use_cache": True}  # type: ignore[arg-type]

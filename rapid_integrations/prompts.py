@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 from .config import RapidConfig
 from .errors import RapidInputError, RetrievalError
@@ -155,7 +155,7 @@ def _prepare_ids(
     config: RapidConfig,
 ) -> DraftPrompt:
     """Token ids go through their text; unchanged prompts keep their exact ids."""
-    text = tokenizer.decode(ids)
+    text = cast(str, tokenizer.decode(ids))  # one flat id list: one string
     result = _prepare(_text_layout(text, tokenizer), tokenizer, retriever, query, config)
     if result.passthrough or result.target_only:
         return dataclasses.replace(result, prompt=ids)
@@ -293,8 +293,8 @@ def _retrieved_messages(
     `own_turn`: that turn when it was split, else one user message before it (index -1)."""
     by_turn: dict[int, list[Passage]] = {}
     for passage in passages:
-        own = passage.doc is None or passage.doc == len(earlier)
-        index = own_turn if own else earlier[passage.doc]
+        doc = passage.doc
+        index = own_turn if doc is None or doc == len(earlier) else earlier[doc]
         by_turn.setdefault(index, []).append(passage)
     return [
         (i, {**(messages[i] if i >= 0 else {"role": "user"}), "content": join_passages(group)})
@@ -349,7 +349,7 @@ def _retrieve(
         return _Retrieved(builtin.select(query), failure)
     except Exception as exc:  # a broken index must not stop generation: decode target-only
         reason = f"built-in retriever raised {type(exc).__name__}: {exc}"
-        return _give_up(_join_reasons(failure, reason), config, exc)
+        return _give_up(_join_reasons(failure, reason) or reason, config, exc)
 
 
 def _give_up(reason: str, config: RapidConfig, cause: Exception | None = None) -> _Retrieved:
@@ -373,7 +373,7 @@ def _special_tokens(tokenizer: TokenizerLike) -> tuple[str, ...]:
     return tuple(getattr(tokenizer, "all_special_tokens", None) or ())
 
 
-def _is_token_ids(prompt: object) -> bool:
+def _is_token_ids(prompt: object) -> TypeGuard[Sequence[int]]:
     return (
         isinstance(prompt, Sequence)
         and not isinstance(prompt, str)

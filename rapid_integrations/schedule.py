@@ -122,9 +122,9 @@ class PassCosts:
         k s. The least-squares line through the drafting passes' (k, verify seconds - plain
         step); through 0 (v = 0) when their widths spread by less than `MIN_SPREAD` drafts or
         the line's v or s is negative (a verify pass that grows faster than linearly, as at
-        32K). Why a line: a verify pass's cost jumps from 1 token to a few, then grows slowly
-        (fp32 at 4K: 54, 90, 103, 138 ms for 1, 9, 17, 33 tokens), so a slope through 0 priced
-        every draft beyond the first few at 2.5 times its cost and kept gamma short."""
+        32K). Why a line: a verify pass's cost jumps from 1 token to a few, then grows slowly,
+        so a slope through 0 priced every draft beyond the first few above its cost and kept
+        gamma short (measured in docs/performance.md, "Why these defaults")."""
         n, k, y = self._passes, self._drafted, self._verify_extra
         spread = self._drafted_sq / n - (k / n) ** 2
         through_zero = (0.0, max(0.0, y) / k)
@@ -138,9 +138,8 @@ class PassCosts:
         """(f, c) seconds: a draft forward pass, timed in passes without copies (all passes
         before there is one), and what each copy adds to the forward pass that reads it: the
         draft seconds beyond f per forward pass, over the copies. A forward pass that reads
-        copies costs more (fp32 at 4K: 44-54 ms against 35 ms), which an average over all
-        passes charged to every pick, and the measured gamma expected 0.9x where it ran
-        1.05x."""
+        copies costs more, which an average over all passes charged to every pick, and the
+        measured gamma expected less than it ran (docs/performance.md, "Why these defaults")."""
         total = self._draft_seconds / max(1, self._draft_passes)
         forward = self._bare_seconds / self._bare_passes if self._bare_passes else total
         beyond = max(0.0, self._draft_seconds - forward * self._draft_passes)
@@ -203,9 +202,9 @@ class GammaSchedule:
     LOSING_SPEEDUP = 0.95
     """A pass is expected to lose below this speedup over plain steps, not below 1: the
     expectation rests on one timed plain step and a few passes, and where speculation gains
-    little at best (2K on this CPU, about 1.1x) it hovers near 1 (traced: 0.99-1.07 over a
-    call's last passes): a call stopped for good there that fixed gamma 8 ran 1.16x faster
-    (`rapid bench --long`). Speculation expected to lose less than this runs on."""
+    little at best it hovers near 1: with 1 as the bar a call stopped for good where fixed
+    gamma 8 ran faster (measured in docs/performance.md, "Why these defaults"). Speculation
+    expected to lose less than this runs on."""
 
     def __init__(self, config: RapidConfig) -> None:
         self._rule = config.adaptive_gamma

@@ -27,13 +27,13 @@ if TYPE_CHECKING:
 
 class Place(NamedTuple):
     """Where the output stands against the section: "before" (the output so far is the first
-    `matched` tokens of the start marker; nothing decided yet), "inside" (`count` tokens since
+    `matched` tokens of the start marker; nothing decided yet), "inside" (`spent` tokens since
     the start marker, of which the last `matched` begin the end marker) or "after" (the answer:
     the section has ended, or the output did not begin with one)."""
 
     phase: Literal["before", "inside", "after"]
     matched: int = 0
-    count: int = 0
+    spent: int = 0
 
 
 ANSWER = Place("after")
@@ -81,7 +81,7 @@ class Gate:
             matched = self._end_match(place.matched, token)
             if matched == len(self.end):
                 return ANSWER
-            return Place("inside", matched, place.count + 1)
+            return Place("inside", matched, place.spent + 1)
         return place
 
     def opens(self, place: Place, token: int) -> bool:
@@ -95,7 +95,7 @@ class Gate:
             return None
         if place.phase == "before":
             return len(self.start) - place.matched + self.budget
-        return self.budget - place.count
+        return self.budget - place.spent
 
     def _end_match(self, matched: int, token: int) -> int:
         """How many tokens of the end marker the section ends with, after `token` follows

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 from .errors import RapidInputError
 
@@ -21,7 +21,7 @@ _EXTRA_KEYS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
 
 
-def is_chat(prompt: object) -> bool:
+def is_chat(prompt: object) -> TypeGuard[Sequence[Message]]:
     """True for a non-empty sequence of role/content mappings."""
     return (
         isinstance(prompt, Sequence)
@@ -63,12 +63,14 @@ def render_chat(
     template_kwargs: extra arguments of the template (`tools=` for one that renders tools)."""
     if not getattr(tokenizer, "chat_template", None):
         raise RapidInputError("chat messages given but the tokenizer has no chat template")
-    return tokenizer.apply_chat_template(
+    # tokenize=False: the rendered string (transformers types every return form together).
+    rendered = tokenizer.apply_chat_template(
         check_messages(messages),
         tokenize=False,
         add_generation_prompt=True,
         **(template_kwargs or {}),
     )
+    return cast(str, rendered)
 
 
 def encode_prompt(
@@ -131,7 +133,8 @@ class Detokenizer:
         self._emitted = 0
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
+        # One flat id list decodes to one string (a list comes back only for a batch).
+        return cast(str, self._tok.decode(ids, skip_special_tokens=True))
 
     def push(self, token: int) -> str:
         """Add one token; return the text that is now safe to show (may be empty)."""

@@ -12,7 +12,7 @@ the given tools), "required" (one or more calls), a tool's name (one call of it)
 without call markup). `parallel_tool_calls=False` (OpenAI's option) allows at most one call
 under "auto" and exactly one under "required": decoding ends after it. Tools reach the model
 through the tokenizer's chat template when it renders tools, else through `SYSTEM_PROMPT` in
-the system message.
+the system message, and tool results as `RESULT_TURN` user turns.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .grammar import Grammar
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+RESPONSE_OPEN = "<tool_response>"  # how Qwen's template shows a tool result; never answer text
 CHOICES = ("auto", "none", "required")
 SYSTEM_PROMPT = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -37,6 +38,9 @@ SYSTEM_PROMPT = (
     "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
+# A tool result for a template without tool support, as a user turn in prose: a model that was
+# not trained on the markup copies a `<tool_response>` turn into its answer (section 11).
+RESULT_TURN = "Here is the result of {name}: {content}"
 _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 
@@ -100,12 +104,14 @@ class Tools:
     def names(self) -> list[str]:
         return [s["function"]["name"] for s in self.specs]
 
-    def grammar(self) -> Grammar:
-        """What decoding must match under the tool choice (an xgrammar structural tag)."""
+    def grammar(self, tokenizer: Any) -> Grammar:
+        """What decoding must match under the tool choice (an xgrammar structural tag), for
+        the model behind `tokenizer`: text outside calls never holds the call or result markup,
+        and several calls are separated by `call_separator(tokenizer)`."""
         from .grammar import Grammar
 
         if self.choice == "none":
-            text = {"type": "any_text", "excludes": [CALL_OPEN]}
+            text = {"type": "any_text", "excludes": [CALL_OPEN, RESPONSE_OPEN]}
             return Grammar.structural_tag({"type": "structural_tag", "format": text})
         chosen = [
             s for s in self.specs if self.choice in CHOICES or s["function"]["name"] == self.choice
@@ -118,12 +124,13 @@ class Tools:
                 "triggers": [CALL_OPEN],
                 "tags": tags,
                 "stop_after_first": one,
+                "excludes": [RESPONSE_OPEN],
             }
         else:
             form = {
                 "type": "tags_with_separator",
                 "tags": tags,
-                "separator": "\n",
+                "separator": call_separator(tokenizer),
                 "at_least_one": True,
                 "stop_after_first": one or self.choice != "required",
             }
@@ -151,6 +158,7 @@ def _spec(i: int, tool: object) -> dict[str, Any]:
         )
     parameters = function.get("parameters") or _EMPTY_PARAMETERS
     schema = Grammar.json_schema(parameters).schema  # GrammarError when invalid
+    assert schema is not None  # a json_schema grammar keeps its schema
     if schema.get("type", "object") != "object":
         raise RapidInputError(f"tool {name!r}: parameters must be a JSON schema of an object")
     description = function.get("description") or ""
@@ -203,21 +211,37 @@ def renders_tools(tokenizer: Any) -> bool:
     return isinstance(template, str) and "tools" in template
 
 
+def call_separator(tokenizer: Any) -> str:
+    """What stands between two calls: the newline of Qwen's template for a model whose
+    template renders tools, else nothing. A model not trained on the markup reads a newline
+    after `</tool_call>` as the start of more text, so under "required" that newline would
+    commit it to a call it does not want (docs/algorithm.md section 11); back to back, its
+    choice right after a call is between the end and `<` of another call."""
+    return "\n" if renders_tools(tokenizer) else ""
+
+
 def prepare_messages(
     messages: Sequence[Mapping[str, Any]], tools: Tools | None, tokenizer: Any
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Chat messages ready for the chat template, and the template's extra arguments.
 
     A template that renders tools gets the OpenAI messages and `tools=`. Otherwise the tools
-    go into the system message (`SYSTEM_PROMPT`), an assistant's calls become their markup
-    in its content, and a tool result becomes a user turn `<tool_response>...</tool_response>`
-    (Qwen's rendering), so every template reads them.
+    go into the system message (`SYSTEM_PROMPT`; not under "none", where the grammar forbids
+    the calls it asks for), an assistant's calls become their markup in its content, and a
+    tool result becomes a user turn `RESULT_TURN` naming the tool, so every template reads
+    them.
     """
     if renders_tools(tokenizer):
         plain = [_with_text_content(m) for m in messages]
         return plain, ({"tools": list(tools.specs)} if tools else {})
-    out = [_rendered(m) for m in messages]
-    if tools:
+    names = {
+        c.get("id"): c["function"].get("name")
+        for m in messages
+        if isinstance(m, Mapping)
+        for c in _calls(m.get("tool_calls") or [])
+    }
+    out = [_rendered(m, names) for m in messages]
+    if tools and tools.choice != "none":
         text = SYSTEM_PROMPT.format(tools="\n".join(json.dumps(s) for s in tools.specs))
         if out and out[0]["role"] == "system":
             out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{text}"}
@@ -234,28 +258,30 @@ def _with_text_content(message: Mapping[str, Any]) -> dict[str, Any]:
         out["content"] = ""
     if out.get("tool_calls"):
         out["tool_calls"] = [
-            {**c, "function": {**c["function"], "arguments": _arguments(c)}}
+            {**c, "function": {**c["function"], "arguments": call_arguments(c["function"])}}
             for c in _calls(out["tool_calls"])
         ]
     return out
 
 
-def _rendered(message: Mapping[str, Any]) -> dict[str, Any]:
-    """One message as plain {role, content}, tool calls and results written out."""
+def _rendered(message: Mapping[str, Any], names: Mapping[Any, Any]) -> dict[str, Any]:
+    """One message as plain {role, content}, tool calls and results written out; `names`
+    maps call ids to tool names, for results that do not name their tool (OpenAI's)."""
     message = _with_text_content(message)
     if message.get("role") == "tool":
+        name = message.get("name") or names.get(message.get("tool_call_id")) or "a tool"
         return {
             "role": "user",
-            "content": f"<tool_response>\n{message.get('content')}\n</tool_response>",
+            "content": RESULT_TURN.format(name=name, content=message.get("content")),
         }
     calls = message.get("tool_calls")
     if not calls:
         return message
-    markup = [
+    markup = "".join(  # written as the grammar writes them (`call_separator`)
         f"{CALL_OPEN}\n{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}\n{CALL_CLOSE}"
         for c in calls
-    ]
-    content = "\n".join([message["content"], *markup] if message["content"] else markup)
+    )
+    content = f"{message['content']}\n{markup}" if message["content"] else markup
     return {"role": message["role"], "content": content}
 
 
@@ -270,9 +296,9 @@ def _calls(calls: object) -> list[Mapping[str, Any]]:
     return list(calls)
 
 
-def _arguments(call: Mapping[str, Any]) -> dict[str, Any]:
-    """A history call's arguments as a dict (OpenAI sends a JSON string)."""
-    arguments = call["function"].get("arguments") or {}
+def call_arguments(function: Mapping[str, Any]) -> dict[str, Any]:
+    """A history call's `function.arguments` as a dict (OpenAI sends a JSON string)."""
+    arguments = function.get("arguments") or {}
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)

@@ -89,7 +89,11 @@ def _with_p_hat(
     """p_hat on q's rows and p on the rows past them: logp and p = exp(logp) [k, V] (the
     caller's, which needs p too), q [<= k, V] -> [k, V]."""
     rows = 0 if q is None else len(q)
-    return torch.cat([_augmented(logp[:rows], q, cfg, end_ids), p[rows:]]) if rows else p
+    return (
+        torch.cat([_augmented(logp[:rows], q, cfg, end_ids), p[rows:]])
+        if q is not None and rows
+        else p
+    )
 
 
 def _greedy(

@@ -3,19 +3,20 @@
 
 torchao's weight-only int8 tensor casts the whole int8 weight back to the activations' dtype
 at every call and multiplies in that dtype (fast once `torch.compile` fuses the two, which a
-draft decoding one token at a time does not get): on the 2-core CPU its draft step was 1.15x
-the bf16 one. `torch._weight_int8pack_mm` reads the int8 weight directly: 0.56-0.61x for a
-one-token forward, 0.73x over a decoding run's draft forwards, which also read several tokens
-when they vet copies (docs/performance.md). It has a CPU kernel only, so other devices keep
-torchao's tensor.
+draft decoding one token at a time does not get): its draft step was slower than the bf16
+one. `torch._weight_int8pack_mm` reads the int8 weight directly: cheaper than bf16 for
+one-token forwards, not for the several tokens read when vetting copies (both measured in
+docs/performance.md, "Why these defaults" and "int4 groups of 32"). It has a CPU kernel only,
+so other devices keep torchao's tensor.
 
 `torch._weight_int4pack_mm_for_cpu` reads 4-bit codes in groups of `GROUP` input channels,
 each group with its own scale and offset. On SmolLM2-135M that is both cheaper and closer to
-bf16 than per-channel int8 (one-token forward 0.45x against 0.63x; top-1 agreement over the
-1,854-token bench prompt 0.982 against 0.966, the head kept in both): a row's int8 scale is
-set by its largest weight, a group's only by its own 32. The output head stays in the
-model's dtype: it is the tied input embedding, and in int4 it cut agreement to 0.88. torchao
-0.18 has no CPU int4 path, so int4 runs where torch has this kernel only.
+bf16 than per-channel int8 (top-1 agreement over the 1,854-token bench prompt 0.982 against
+0.966, the head kept in both; forward times in docs/performance.md, "int4 groups of 32: the
+default draft on the CPU"): a row's int8 scale is set by its largest weight, a group's only by
+its own 32. The output head stays in the model's dtype: it is the tied input embedding, and in
+int4 it cut agreement to 0.88. torchao 0.18 has no CPU int4 path, so int4 runs where torch has
+this kernel only.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class Int8WeightLinear(torch.nn.Module):
     dtype; bias: [out_features] or None.
     """
 
+    weight: torch.Tensor  # buffers, declared for the type checker
+    scale: torch.Tensor
+
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
         source = linear.weight.detach()
@@ -79,6 +83,9 @@ class Int4WeightLinear(torch.nn.Module):
     byte); scale_and_offset: [in_features / GROUP, out_features, 2] in the source Linear's
     dtype; bias: [out_features] or None.
     """
+
+    weight: torch.Tensor  # buffers, declared for the type checker
+    scale_and_offset: torch.Tensor
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()

@@ -35,6 +35,7 @@ def test_importing_the_task_builder_loads_neither_torch_nor_the_cli():
         "rapid_integrations.engine",
     )
     assert _loaded_after_import("rapid_integrations.bench.dataset", heavy) == []
+    assert _loaded_after_import("rapid_integrations.bench.suite", heavy) == []
     # The check itself sees a heavy import: the CLI's engine path does load torch.
     assert "torch" in _loaded_after_import("rapid_integrations.bench.runner", heavy)
 

@@ -58,16 +58,12 @@ def _check_reasoning(ns: dict[str, Any]) -> None:
     assert ns["thought"].message.content == answer.text
     assert ns["streamed_thought"] == thinking.content
     responses = ns["call_stream"]
-    streamed = [
-        b.tool_kwargs
-        for r in responses[:-1]
-        for b in r.message.blocks
-        if isinstance(b, ToolCallBlock)
-    ]
-    assert len(streamed) > 1 and all(isinstance(a, str) for a in streamed)  # partial JSON text
+    blocks = [b for r in responses[:-1] for b in r.message.blocks if isinstance(b, ToolCallBlock)]
+    assert len(blocks) > 1 and all(isinstance(b.tool_kwargs, dict) for b in blocks)
     [selection] = ns["selections"]
     assert selection.tool_name == "get_weather" and set(selection.tool_kwargs) == {"city"}
-    assert json.loads(streamed[-1]) == selection.tool_kwargs
+    [entry] = responses[-2].message.additional_kwargs["tool_calls"]  # JSON text so far
+    assert json.loads(entry["function"]["arguments"]) == selection.tool_kwargs
 
 
 def _check_summary(ns: dict[str, Any]) -> None:

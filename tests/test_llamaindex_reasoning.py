@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any
 
 import pytest
 from llama_index.core.base.llms.types import TextBlock, ThinkingBlock, ToolCallBlock
@@ -106,14 +105,18 @@ def test_an_earlier_thinking_block_goes_to_the_template(engine: RapidEngine) -> 
     assert engine.count_tokens(turns) == engine.count_tokens(plain) + len("<think>efg</think>")
 
 
-def streamed_arguments(response: ChatResponse) -> list[Any]:
-    return [b.tool_kwargs for b in response.message.blocks if isinstance(b, ToolCallBlock)]
+def streamed_arguments(response: ChatResponse) -> list[str]:
+    """The arguments' JSON text so far of each call, in OpenAI's shape."""
+    calls = response.message.additional_kwargs.get("tool_calls", [])
+    return [
+        c["function"]["arguments"] if isinstance(c, dict) else c.function.arguments for c in calls
+    ]
 
 
 def test_streamed_tool_calls_grow_and_end_as_the_engines(engine: RapidEngine) -> None:
-    """Each response has the calls so far: a `ToolCallBlock` and an OpenAI entry whose
-    arguments are a beginning of the final JSON text; the last response's calls are the
-    engine's (arguments parsed), as `chat_with_tools` returns them."""
+    """Each response has the calls so far: an OpenAI entry whose arguments are a beginning
+    of the final JSON text, and a `ToolCallBlock` with them read so far; the last response's
+    calls are the engine's (arguments parsed), as `chat_with_tools` returns them."""
     llm = RapidLLM(engine=engine, **CALL)
     for question in QUESTIONS:
         responses = list(llm.stream_chat_with_tools([TOOL], user_msg=question, tool_required=True))
@@ -123,6 +126,10 @@ def test_streamed_tool_calls_grow_and_end_as_the_engines(engine: RapidEngine) ->
         (call,) = out.tool_calls
         partial = [a for r in responses[:-1] for a in streamed_arguments(r)]
         assert len(partial) > 1 and all(call.arguments_json.startswith(a) for a in partial)
+        blocks = [
+            b for r in responses[:-1] for b in r.message.blocks if isinstance(b, ToolCallBlock)
+        ]
+        assert len(blocks) == len(partial) and all(isinstance(b.tool_kwargs, dict) for b in blocks)
         entries = [
             e for r in responses[:-1] for e in r.message.additional_kwargs.get("tool_calls", [])
         ]
@@ -140,8 +147,9 @@ def test_streamed_tool_calls_grow_and_end_as_the_engines(engine: RapidEngine) ->
 
 
 def test_a_streamed_partial_call_reads_as_far_as_it_goes(engine: RapidEngine) -> None:
-    """`get_tool_calls_from_response` on a response mid-call parses the partial JSON with
-    LlamaIndex's own `parse_partial_json`, as llama-index-llms-openai's does."""
+    """`get_tool_calls_from_response` serves a response mid-call (FunctionAgent reads each
+    one): its block holds the partial JSON read by LlamaIndex's own `parse_partial_json`, as
+    llama-index-llms-openai reads its streamed calls."""
     llm = RapidLLM(engine=engine, **CALL)
     responses = list(llm.stream_chat_with_tools([TOOL], user_msg="ab 12", tool_required=True))
     mid = [r for r in responses[:-1] if streamed_arguments(r)]

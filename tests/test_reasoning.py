@@ -158,10 +158,16 @@ def test_eta0_greedy_with_a_budget_equals_the_targets_own(
 def test_self_draft_keeps_every_draft_across_the_forced_marker(rtok, rtarget):
     """The forced tokens enter the draft's cache and constraints as the target's: drafting
     with the target itself, every draft is kept, before and after the end marker."""
-    engine = RapidEngine(rtarget, tokenizer=rtok, config=RapidConfig(eta=0.0, lookup_ngram=0))
-    for grammar in (None, Grammar.json_schema(PERSON)):
+    engine = RapidEngine(rtarget, tokenizer=rtok, config=RapidConfig(lookup_ngram=0))
+    # eta > 0 without a grammar: the draft reads ahead past its drafts (section 2.7).
+    for grammar, eta in ((None, 0.0), (None, 2.0), (Grammar.json_schema(PERSON), 0.0)):
         out = engine.generate(
-            chat("ab"), mode="sd", max_reasoning_tokens=6, grammar=grammar, max_new_tokens=50
+            chat("ab"),
+            chat("ab"),
+            eta=eta,
+            max_reasoning_tokens=6,
+            grammar=grammar,
+            max_new_tokens=50,
         )
         assert out.stats.reasoning_tokens == 14
         assert out.stats.accepted_tokens == out.stats.drafted_tokens > 20

@@ -253,6 +253,47 @@ def test_a_tool_result_turn_is_rendered_as_the_engine_does(
     assert out.choices[0].message.tool_calls is None
 
 
+MULTIPLY = {
+    "type": "function",
+    "function": {
+        "name": "multiply",
+        "description": "Multiply two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_smol_required_ends_with_tool_calls_after_its_call(stream: bool) -> None:
+    """Issue 30 item 7: over the API, SmolLM2 under tool_choice "required" (parallel calls
+    allowed) wrote its call twice, so max_tokens=64 returned one call with finish_reason
+    "length"; now decoding ends after the call (docs/algorithm.md section 11)."""
+    from rapid_integrations.models import ensure_default_model
+
+    question = [{"role": "user", "content": "What is 23 times 37?"}]
+    kwargs: dict[str, Any] = {"tools": [strict(MULTIPLY)], "tool_choice": "required"}
+    with live_server(ensure_default_model(progress=False)) as live:
+        client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+        if stream:
+            with client.chat.completions.stream(
+                model=MODEL, messages=question, max_tokens=64, **kwargs
+            ) as events:
+                out = events.get_final_completion()
+        else:
+            out = client.chat.completions.create(
+                model=MODEL, messages=question, max_tokens=64, **kwargs
+            )
+    assert out.choices[0].finish_reason == "tool_calls"
+    assert api_calls(out.choices[0].message) == [("multiply", {"a": 23, "b": 37})]
+    if not stream:
+        assert out.usage.completion_tokens < 64
+
+
 # ---- structured output -----------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ from rapid_integrations import (
     build_draft_prompt,
 )
 from rapid_integrations.sections import CallSplitter
-from rapid_integrations.tools import CALL_OPEN, Tools, prepare_messages
+from rapid_integrations.tools import CALL_OPEN, Tools, call_separator, prepare_messages
 from tests.test_grammar import reference_constrained
 from tests.tiny import JSON_ALPHABET, char_tokenizer, tiny_llama
 
@@ -161,11 +161,12 @@ def test_no_parallel_calls_ends_after_one_call(engine, choice):
     """parallel_tool_calls=False: the grammar takes one call and then only the end (with the
     option on, a second call may follow); decoded, at most one call."""
     call = CALL_OPEN + '\n{"name": "add", "arguments": {"a": 3}}\n</tool_call>'
+    between = call_separator(engine.tokenizer) if choice == "required" else "\n"
     for parallel in (True, False):
         tools = Tools.parse(TOOLS, choice, parallel)
-        matcher = engine._grammars().matcher(tools.grammar())
+        matcher = engine._grammars().matcher(tools.grammar(engine.tokenizer))
         assert matcher.accept_string(call)
-        assert matcher.accept_string("\n" + call) is parallel
+        assert matcher.accept_string(between + call) is parallel
     for seed in range(3):
         out = engine.generate(
             MESSAGES,
@@ -179,6 +180,45 @@ def test_no_parallel_calls_ends_after_one_call(engine, choice):
         if out.tool_calls:
             assert out.finish_reason == "tool_calls"
             assert_valid_calls(out.tool_calls)
+
+
+TOOL_TEMPLATE = (
+    "{% if tools %}<system>{% for t in tools %}{{ t.function.name }} {% endfor %}</s>{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}{{ c.function.name }}{{ c.function.arguments.city }}{% endfor %}"
+    "</s>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def tool_template_tokenizer():
+    """The JSON character tokenizer with a chat template that renders tools itself."""
+    tok = char_tokenizer(JSON_ALPHABET + "\n")
+    tok.chat_template = TOOL_TEMPLATE
+    return tok
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["plain template", "tool template"])
+def test_required_calls_follow_each_other_as_the_template_writes_them(engine, native):
+    """Issue 30 item 7: under "required", a template without tool support gets its calls back
+    to back, so that right after `</tool_call>` the model chooses between the end and `<`
+    of another call, never a newline it would read as more text; a template that renders
+    tools keeps Qwen's newline between calls. After each complete call the end is allowed."""
+    tok = tool_template_tokenizer() if native else engine.tokenizer
+    call = CALL_OPEN + '\n{"name": "add", "arguments": {"a": 3}}\n</tool_call>'
+    matcher = engine._grammars().matcher(Tools.parse(TOOLS, "required").grammar(tok))
+    assert matcher.accept_string(call)
+    assert matcher.is_completed()  # the end may come here
+    assert matcher.accept_string("\n") is native
+    assert matcher.accept_string(call) and matcher.is_completed()
+
+
+@pytest.mark.parametrize("choice", ["none", "auto"])
+def test_text_next_to_tools_never_holds_a_tool_response(engine, choice):
+    """The answer side: text outside calls cannot write the tool-result markup (a model that
+    saw it copies it into its answer); other text, even the tag's start, can."""
+    matcher = engine._grammars().matcher(Tools.parse(TOOLS, choice).grammar(engine.tokenizer))
+    assert matcher.accept_string("the answer: <tool_resp")
+    assert not matcher.accept_string("onse>")
 
 
 def test_parallel_tool_calls_must_be_a_bool(engine):
@@ -214,7 +254,7 @@ def test_eta0_greedy_under_the_call_grammar_is_the_targets_own(engine, ttarget, 
     tools = Tools.parse(TOOLS, "required")
     messages, _ = prepare_messages(MESSAGES, tools, ttok)
     prompt = ttok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    want = reference_constrained(ttarget, ttok, prompt, tools.grammar(), 120)
+    want = reference_constrained(ttarget, ttok, prompt, tools.grammar(ttok), 120)
     out = engine.generate(MESSAGES, tools=TOOLS, tool_choice="required", eta=0.0, gamma=gamma)
     assert out.token_ids == [t for t in want if t != 0]
 
@@ -253,19 +293,47 @@ def test_history_with_calls_and_results_is_rendered_without_tool_support(engine,
         messages[2]["content"]
         == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "rome", "days": 2}}\n</tool_call>'
     )
-    assert messages[3] == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}
+    assert messages[3] == {"role": "user", "content": "Here is the result of get_weather: sunny"}
     out = engine.generate(HISTORY, tools=TOOLS, tool_choice="none", max_new_tokens=8)
     assert out.prompt_tokens > 0
 
 
-def test_a_template_that_renders_tools_gets_them(ttok, ttarget):
-    tok = char_tokenizer(JSON_ALPHABET + "\n")
-    tok.chat_template = (
-        "{% if tools %}<system>{% for t in tools %}{{ t.function.name }} {% endfor %}</s>{% endif %}"
-        "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
-        "{% for c in m.tool_calls or [] %}{{ c.function.name }}{{ c.function.arguments.city }}{% endfor %}"
-        "</s>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+def test_a_result_without_a_name_is_named_after_its_call_and_calls_sit_back_to_back(ttok):
+    """OpenAI's tool messages carry only the call id; several calls are written as the
+    grammar writes them, with the assistant's text first."""
+    second = {**HISTORY[1]["tool_calls"][0], "id": "call_2"}
+    second["function"] = {"name": "add", "arguments": {"a": 1}}
+    history = [
+        HISTORY[0],
+        {"role": "assistant", "content": "both", "tool_calls": [*HISTORY[1]["tool_calls"], second]},
+        {"role": "tool", "content": "3", "tool_call_id": "call_2"},
+        {"role": "tool", "content": "?", "tool_call_id": "call_9"},
+    ]
+    messages, _ = prepare_messages(history, Tools.parse(TOOLS), ttok)
+    assert messages[2]["content"] == (
+        'both\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "rome", "days": 2}}\n'
+        '</tool_call><tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
     )
+    assert [m["content"] for m in messages[3:]] == [
+        "Here is the result of add: 3",
+        "Here is the result of a tool: ?",
+    ]
+
+
+def test_under_none_a_plain_template_gets_no_tool_instructions(ttok):
+    """tool_choice "none" forbids calls, so the system prompt that asks for them is left out
+    for a template without tool support; a template that renders tools still gets them."""
+    system = {"role": "system", "content": "be brief"}
+    for choice, asked in (("none", False), ("auto", True)):
+        messages, extra = prepare_messages([system, *HISTORY], Tools.parse(TOOLS, choice), ttok)
+        assert ("<tools>" in messages[0]["content"]) is asked and extra == {}
+        assert messages[0]["content"].startswith("be brief")
+    _, extra = prepare_messages(HISTORY, Tools.parse(TOOLS, "none"), tool_template_tokenizer())
+    assert [t["function"]["name"] for t in extra["tools"]] == ["get_weather", "add"]
+
+
+def test_a_template_that_renders_tools_gets_them(ttok, ttarget):
+    tok = tool_template_tokenizer()
     messages, extra = prepare_messages(HISTORY, Tools.parse(TOOLS), tok)
     assert extra["tools"][0]["function"]["name"] == "get_weather"
     assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "rome", "days": 2}
@@ -330,11 +398,57 @@ def test_smol_required_tool_call_parses(smol_engine):
         tool_choice="required",
         max_new_tokens=60,
     )
-    # "required" allows parallel calls; the 135M model may chain more than fit, and a call cut
-    # off by the limit is not parsed: every listed call is complete and valid.
-    assert out.finish_reason in ("tool_calls", "length"), out
+    # "required" allows parallel calls; the 135M model makes one here (calls back to back:
+    # test_smol_required_ends_after_its_call), and every listed call is complete and valid.
+    assert out.finish_reason == "tool_calls", out
     assert out.tool_calls and {c.name for c in out.tool_calls} == {"get_weather"}
     for call in out.tool_calls:
         jsonschema.validate(call.arguments, tools[0]["function"]["parameters"])
     assert out.text == ""
     assert out.stats.grammar_seconds > 0
+
+
+MULTIPLY = {
+    "type": "function",
+    "function": {
+        "name": "multiply",
+        "description": "Multiply two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+QUESTION = [{"role": "user", "content": "What is 23 times 37?"}]
+
+
+@pytest.mark.slow
+def test_smol_required_ends_after_its_call(smol_engine):
+    """Issue 30 item 7: with a newline between calls, SmolLM2 wrote the call twice (the
+    newline it prefers after `</tool_call>` forced a second call), so 64 tokens cut the
+    repeat off with finish_reason "length". Back to back, it ends after the call."""
+    out = smol_engine.generate(
+        QUESTION, tools=[MULTIPLY], tool_choice="required", max_new_tokens=64
+    )
+    assert out.finish_reason == "tool_calls"
+    assert [(c.name, c.arguments) for c in out.tool_calls] == [("multiply", {"a": 23, "b": 37})]
+    assert smol_engine.tokenizer.decode(out.token_ids).endswith("</tool_call>")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("question", ["What is 23 times 37?", "What is 23 * 37?"])
+def test_smol_answer_after_a_tool_result_has_no_markup(smol_engine, question):
+    """Issue 30 item 7: shown its result as `<tool_response>...</tool_response>`, SmolLM2
+    answered with that markup; in prose, without the call instructions under "none", it
+    answers in text."""
+    call = {"id": "call_1", "type": "function"}
+    call["function"] = {"name": "multiply", "arguments": '{"a": 23, "b": 37}'}
+    messages = [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "851"},
+    ]
+    out = smol_engine.generate(messages, tools=[MULTIPLY], tool_choice="none", max_new_tokens=48)
+    assert out.finish_reason == "eos" and out.text.strip()
+    assert "<" not in smol_engine.tokenizer.decode(out.token_ids)

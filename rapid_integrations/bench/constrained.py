@@ -19,7 +19,7 @@ from typing import Any
 
 from ..demo_data import demo_messages
 from ..retrieval.base import TokenizerLike
-from .dataset import _CITIES, RESERVE_FRACTION, RESERVE_TOKENS, _document, _pool, _subject
+from .dataset import CITIES, RESERVE_FRACTION, RESERVE_TOKENS, _document, _subject, haystack_pool
 
 LENGTHS = (4096, 8192)
 METHODS = ("lc", "rag", "rapid")
@@ -50,7 +50,7 @@ def build_extraction_tasks(
     tokenizer: TokenizerLike, lengths: Sequence[int] = LENGTHS, per_cell: int = 2, seed: int = 0
 ) -> list[ExtractionTask]:
     """`per_cell` tasks per nominal length, deterministic in (seed, length, index)."""
-    pool = _pool(tokenizer)
+    pool = haystack_pool(tokenizer)
     tasks = []
     for length in lengths:
         budget = length - min(RESERVE_TOKENS + int(length * RESERVE_FRACTION), length // 4)
@@ -58,7 +58,7 @@ def build_extraction_tasks(
             rng = random.Random(f"{seed}:extract:{length}:{i}")
             subject = _subject(rng)
             answer = {
-                "city": rng.choice(_CITIES),
+                "city": rng.choice(CITIES),
                 "year": rng.randrange(1700, 2000),
                 "code": rng.randrange(1000, 10000),
             }

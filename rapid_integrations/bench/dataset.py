@@ -42,10 +42,10 @@ CHAT_TURN_TOKENS = 52
 (a conservative estimate; the exact prompt length is measured when the task runs)."""
 CHAT_SYSTEM = "You are a helpful assistant. Answer from the conversation."
 
-_ADJECTIVES = ("copper", "granite", "hollow", "marble", "northern", "quiet", "silver", "velvet")
-_NOUNS = ("compass", "harbor", "heron", "lantern", "meadow", "orchard", "raven", "willow")
-_SITES = ("archive", "depot", "gallery", "library", "station", "tower", "vault", "workshop")
-_CITIES = ("Lisbon", "Oslo", "Nairobi", "Quito", "Hanoi", "Perth", "Tunis", "Kyoto", "Lima")
+ADJECTIVES = ("copper", "granite", "hollow", "marble", "northern", "quiet", "silver", "velvet")
+NOUNS = ("compass", "harbor", "heron", "lantern", "meadow", "orchard", "raven", "willow")
+SITES = ("archive", "depot", "gallery", "library", "station", "tower", "vault", "workshop")
+CITIES = ("Lisbon", "Oslo", "Nairobi", "Quito", "Hanoi", "Perth", "Tunis", "Kyoto", "Lima")
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,13 @@ class Task:
     """One question over a long context.
 
     messages: the target's chat prompt; references: strings that must all appear in a correct
-    answer; facts: the planted sentences (to check whether retrieval put them in C^S);
-    context_label: the nominal length in tokens; followup: a second question on the same
-    document, or None.
+    answer (rule "contains"), the count (rule "count") or the abstention answer (rule
+    "absent"; `bench/scoring.py`); facts: the planted sentences that answer the question (to
+    check whether retrieval put them in C^S); context_label: the nominal length in tokens;
+    followup: a second question on the same document, or None. Tasks of the broad suite
+    (`bench/suite.py`) also give their text kind, split and seed; wrong: strings (another
+    subject's code) an answer must not name; distractors: planted sentences that do not
+    answer; absent: what an "absent" question asks about, which the text never names.
     """
 
     task_id: str
@@ -65,10 +69,17 @@ class Task:
     references: tuple[str, ...]
     facts: tuple[str, ...]
     followup: Task | None = None
+    rule: str = "contains"
+    wrong: tuple[str, ...] = ()
+    distractors: tuple[str, ...] = ()
+    absent: str | None = None
+    text_kind: str | None = None
+    split: str | None = None
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
-class _Pool:
+class Pool:
     """The haystack paragraphs and their token counts."""
 
     paragraphs: tuple[str, ...]
@@ -76,9 +87,9 @@ class _Pool:
 
 
 @functools.lru_cache(maxsize=4)
-def _pool(tokenizer: TokenizerLike) -> _Pool:
+def haystack_pool(tokenizer: TokenizerLike) -> Pool:
     paragraphs = tuple(stdlib_paragraphs())
-    return _Pool(paragraphs, tuple(count_tokens(tokenizer, list(paragraphs))))
+    return Pool(paragraphs, tuple(count_tokens(tokenizer, list(paragraphs))))
 
 
 def build_tasks(
@@ -94,7 +105,7 @@ def build_tasks(
         raise RapidConfigError(
             "kinds", f"unknown task kinds {sorted(unknown)}; known: {TASK_KINDS}"
         )
-    pool = _pool(tokenizer)
+    pool = haystack_pool(tokenizer)
     return [
         _make(kind, length, i, seed, pool)
         for length in lengths
@@ -103,10 +114,16 @@ def build_tasks(
     ]
 
 
-def _make(kind: str, length: int, index: int, seed: int, pool: _Pool) -> Task:
+def content_budget(length: int) -> int:
+    """Tokens of a `length`-token task left for its text, after `RESERVE_TOKENS` and
+    `RESERVE_FRACTION` (at most a quarter of it)."""
+    return length - min(RESERVE_TOKENS + int(length * RESERVE_FRACTION), length // 4)
+
+
+def _make(kind: str, length: int, index: int, seed: int, pool: Pool) -> Task:
     rng = random.Random(f"{seed}:{kind}:{length}:{index}")
     task_id = f"{kind}-{length}-{index}"
-    budget = length - min(RESERVE_TOKENS + int(length * RESERVE_FRACTION), length // 4)
+    budget = content_budget(length)
     if kind == "single":
         return _single(task_id, length, rng, pool, budget)
     if kind == "two":
@@ -115,38 +132,46 @@ def _make(kind: str, length: int, index: int, seed: int, pool: _Pool) -> Task:
 
 
 def _subject(rng: random.Random) -> str:
-    return f"the {rng.choice(_ADJECTIVES)} {rng.choice(_NOUNS)} {rng.choice(_SITES)}"
+    return f"the {rng.choice(ADJECTIVES)} {rng.choice(NOUNS)} {rng.choice(SITES)}"
 
 
-def _code_fact(subject: str, code: int) -> str:
+def code_fact(subject: str, code: int | str) -> str:
     return f"The access code of {subject} is {code}."
 
 
-def _code_question(subject: str) -> str:
+def code_question(subject: str) -> str:
     return f"What is the access code of {subject}?"
 
 
-def _single(task_id: str, length: int, rng: random.Random, pool: _Pool, budget: int) -> Task:
+def place_fact(subject: str, city: str) -> str:
+    return f"{subject[0].upper()}{subject[1:]} is located in {city}."
+
+
+def place_and_code_question(subject: str) -> str:
+    return f"In which city is {subject} located, and what is its access code?"
+
+
+def _single(task_id: str, length: int, rng: random.Random, pool: Pool, budget: int) -> Task:
     subject, code = _subject(rng), rng.randrange(1000, 10000)
-    fact = _code_fact(subject, code)
+    fact = code_fact(subject, code)
     document = _document(pool, budget, rng, [(fact, rng.uniform(0.05, 0.95))])
-    messages = demo_messages(document, _code_question(subject))
+    messages = demo_messages(document, code_question(subject))
     return Task(task_id, "single", length, messages, (str(code),), (fact,))
 
 
-def _two(task_id: str, length: int, rng: random.Random, pool: _Pool, budget: int) -> Task:
-    subject, code, city = _subject(rng), rng.randrange(1000, 10000), rng.choice(_CITIES)
-    place = f"{subject[0].upper()}{subject[1:]} is located in {city}."
-    fact = _code_fact(subject, code)
+def _two(task_id: str, length: int, rng: random.Random, pool: Pool, budget: int) -> Task:
+    subject, code, city = _subject(rng), rng.randrange(1000, 10000), rng.choice(CITIES)
+    place = place_fact(subject, city)
+    fact = code_fact(subject, code)
     # One fact in each half of the document, so the two are never in the same passage.
     depths = [(place, rng.uniform(0.05, 0.45)), (fact, rng.uniform(0.55, 0.95))]
     document = _document(pool, budget, rng, depths)
-    question = f"In which city is {subject} located, and what is its access code?"
+    question = place_and_code_question(subject)
     followup = Task(
         f"{task_id}-followup",
         "two",
         length,
-        demo_messages(document, _code_question(subject)),
+        demo_messages(document, code_question(subject)),
         (str(code),),
         (fact,),
     )
@@ -161,43 +186,52 @@ def _two(task_id: str, length: int, rng: random.Random, pool: _Pool, budget: int
     )
 
 
-def _chat(task_id: str, length: int, rng: random.Random, pool: _Pool, budget: int) -> Task:
+def _chat(task_id: str, length: int, rng: random.Random, pool: Pool, budget: int) -> Task:
     subject, code = _subject(rng), rng.randrange(1000, 10000)
-    fact = _code_fact(subject, code)
-    indices = _pick(pool, budget, rng, per_item=CHAT_TURN_TOKENS)
-    turns = [_documentation_turn(pool.paragraphs[i]) for i in indices]
+    fact = code_fact(subject, code)
+    indices = pick_paragraphs(pool, budget, rng, per_item=CHAT_TURN_TOKENS)
+    turns = [documentation_turn(pool.paragraphs[i]) for i in indices]
     at = round(rng.uniform(0.05, 0.5) * len(turns))  # stated early: many turns before the end
-    turns.insert(at, _fact_turn(fact))
-    question = f"Earlier I told you an access code. {_code_question(subject)}"
-    messages = [
-        {"role": "system", "content": CHAT_SYSTEM},
-        *(m for pair in turns for m in pair),
-        {"role": "user", "content": question},
-    ]
+    turns.insert(at, fact_turn(fact))
+    question = f"Earlier I told you an access code. {code_question(subject)}"
+    messages = chat_messages(CHAT_SYSTEM, turns, question)
     return Task(task_id, "chat", length, messages, (str(code),), (fact,))
 
 
-def _documentation_turn(paragraph: str) -> tuple[dict[str, str], dict[str, str]]:
-    """A user turn quoting a docstring and an assistant reply with its first sentence."""
+Turn = tuple[dict[str, str], dict[str, str]]
+"""A user message and the assistant's reply."""
+
+
+def chat_messages(system: str, turns: Sequence[Turn], question: str) -> list[dict[str, str]]:
+    """The chat prompt: `system`, the turn pairs in order, then `question` as the last user turn."""
+    return [
+        {"role": "system", "content": system},
+        *(m for pair in turns for m in pair),
+        {"role": "user", "content": question},
+    ]
+
+
+def documentation_turn(paragraph: str, described_as: str = "some documentation") -> Turn:
+    """A user turn quoting a paragraph and an assistant reply with its first sentence."""
     first = re.split(r"(?<=[.!?])\s", paragraph.strip(), maxsplit=1)[0]
     reply = " ".join(first.split()[:30])
     return (
         {
             "role": "user",
-            "content": f"Here is some documentation:\n\n{paragraph}\n\nWhat is it about?",
+            "content": f"Here is {described_as}:\n\n{paragraph}\n\nWhat is it about?",
         },
         {"role": "assistant", "content": f"It is about this: {reply}"},
     )
 
 
-def _fact_turn(fact: str) -> tuple[dict[str, str], dict[str, str]]:
+def fact_turn(fact: str) -> Turn:
     return (
         {"role": "user", "content": f"Please remember this for later: {fact}"},
         {"role": "assistant", "content": "Noted, I will remember it."},
     )
 
 
-def _pick(pool: _Pool, budget: int, rng: random.Random, per_item: int = 1) -> list[int]:
+def pick_paragraphs(pool: Pool, budget: int, rng: random.Random, per_item: int = 1) -> list[int]:
     """Indices of consecutive paragraphs (from a seeded start, wrapping) totalling at most
     `budget` tokens, each costing its tokens plus `per_item`; paragraphs that would overflow
     are skipped, so the total lands within a paragraph's worth of the budget."""
@@ -216,9 +250,14 @@ def _pick(pool: _Pool, budget: int, rng: random.Random, per_item: int = 1) -> li
     return chosen
 
 
-def _document(pool: _Pool, budget: int, rng: random.Random, facts: list[tuple[str, float]]) -> str:
+def _document(pool: Pool, budget: int, rng: random.Random, facts: list[tuple[str, float]]) -> str:
     """Haystack paragraphs joined by blank lines, each fact inserted at its depth (0..1)."""
-    paragraphs = [pool.paragraphs[i] for i in _pick(pool, budget, rng)]
+    return insert_facts([pool.paragraphs[i] for i in pick_paragraphs(pool, budget, rng)], facts)
+
+
+def insert_facts(paragraphs: Sequence[str], facts: Sequence[tuple[str, float]]) -> str:
+    """`paragraphs` joined by blank lines, each fact inserted as a paragraph at its depth (0..1)."""
+    planted = list(paragraphs)
     for fact, depth in sorted(facts, key=lambda item: -item[1]):  # deepest first keeps offsets
-        paragraphs.insert(round(depth * len(paragraphs)), fact)
-    return "\n\n".join(paragraphs)
+        planted.insert(round(depth * len(planted)), fact)
+    return "\n\n".join(planted)

@@ -128,7 +128,9 @@ def _schedule_figure(name: str, row: Record, base: Record | None) -> Record:
 def _rate_figure(name: str, row: Record, base: Record | None, target: _Target | None) -> Record:
     """`row`'s decode rate over `base`'s, pooled over the rounds, with the lowest and highest
     ratio of one round's rates (`spread`, where the suite ran more than one round)."""
-    value = _ratio(row["decode_tokens_per_second"], base and base["decode_tokens_per_second"])
+    value = _ratio(
+        row["decode_tokens_per_second"], base["decode_tokens_per_second"] if base else None
+    )
     figure = _figure(name, row["context_label"], value, target)
     ours, theirs = row.get("round_rates"), base and base.get("round_rates")
     if ours and theirs and len(ours) == len(theirs):
@@ -207,14 +209,16 @@ def _rapid_figures(
     )
     if suite == "qa":
         pld = next((r for r in same if r["method"] == "hf-pld"), None)
-        ratio = _ratio(row["decode_tokens_per_second"], pld and pld["decode_tokens_per_second"])
+        ratio = _ratio(
+            row["decode_tokens_per_second"], pld["decode_tokens_per_second"] if pld else None
+        )
         target = _Target(1.0) if length == AT_8K else None
         return [
             speedup,
             _figure("decode speed of rapid / transformers prompt lookup", length, ratio, target),
             acceptance,
         ]
-    verify = _ratio(row["verify_step_seconds"], lc and lc["main_step_seconds"])
+    verify = _ratio(row["verify_step_seconds"], lc["main_step_seconds"] if lc else None)
     return [
         speedup,
         acceptance,

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationMixin, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
+from ..config import Mode
 from ..engine import RapidEngine
 from ..outputs import RapidStats
 from ..tokens import Detokenizer, encode_prompt
@@ -119,7 +120,8 @@ def measure_engine(
     reset_peak_memory(device)
     baseline = current_memory_bytes(device)
     start = time.perf_counter()
-    out = engine.generate(prompt, draft_prompt, mode=method.name, **overrides)
+    mode = cast(Mode, method.name)  # one of ENGINE_METHODS; the engine checks it
+    out = engine.generate(prompt, draft_prompt, mode=mode, **overrides)
     timings = probe.decode_timings(
         start + out.stats.prefill_seconds, main_passes=out.stats.target_forward_passes
     )
@@ -209,7 +211,8 @@ def measure_transformers(
     reset_peak_memory(model.device)
     baseline = current_memory_bytes(model.device)
     start = time.perf_counter()
-    out = model.generate(
+    # A causal LM: a subclass of the generation mixin, which PreTrainedModel is not.
+    out = cast(GenerationMixin, model).generate(
         ids,
         attention_mask=torch.ones_like(ids),
         max_new_tokens=max_new_tokens,

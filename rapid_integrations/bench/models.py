@@ -62,7 +62,7 @@ def tiny_pair(
         LlamaConfig(**{**config.to_dict(), "num_hidden_layers": TINY_LAYERS[0]})
     )
     small.load_state_dict(large.state_dict(), strict=False)  # the large model's extra layers
-    return small.to(dtype).eval(), large.to(dtype).eval()
+    return small.to(dtype).eval(), large.to(dtype).eval()  # type: ignore[arg-type]  # python/typeshed#10653
 
 
 def load_rope_scaled(
@@ -84,11 +84,11 @@ def load_rope_scaled(
     config.rope_parameters = {**config.rope_parameters, **scaling}
     config.max_position_embeddings = original * factor
     model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype)
-    return model.to(device).eval(), factor
+    return model.to(device).eval(), factor  # type: ignore[arg-type]  # python/typeshed#10653
 
 
 def choose_dtype(
-    model: torch.nn.Module, device: torch.device
+    model: PreTrainedModel, device: torch.device
 ) -> tuple[torch.dtype, dict[str, float]]:
     """Cast `model` to the faster dtype here and return it with the measured prefill seconds.
 
@@ -97,7 +97,7 @@ def choose_dtype(
     other processes from landing on one dtype only).
     """
     if device.type == "cuda":
-        model.to(torch.bfloat16)
+        model.to(torch.bfloat16)  # type: ignore[arg-type]  # python/typeshed#10653
         return torch.bfloat16, {}
     ids = torch.randint(0, model.config.vocab_size, (1, DTYPE_PROBE_TOKENS), device=device)
     seconds = {"float32": float("inf"), "bfloat16": float("inf")}
@@ -105,7 +105,7 @@ def choose_dtype(
         model.to(getattr(torch, name))
         seconds[name] = min(seconds[name], _forward_seconds(model, ids))
     best = torch.float32 if seconds["float32"] <= seconds["bfloat16"] else torch.bfloat16
-    model.to(best)
+    model.to(best)  # type: ignore[arg-type]  # python/typeshed#10653
     return best, seconds
 
 

@@ -9,7 +9,7 @@ for causal attention (QK^T and AV, each half of a tokens x tokens product per la
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from transformers import PreTrainedModel
@@ -38,7 +38,7 @@ def matmul_flops_per_second(dtype: torch.dtype, device: torch.device) -> float:
 def prefill_flops(model: PreTrainedModel, tokens: int) -> float:
     """Forward FLOPs of a `tokens`-token prompt (weights and causal attention)."""
     cfg = model.config
-    embedding = model.get_input_embeddings().weight.numel()
+    embedding = cast(torch.nn.Embedding, model.get_input_embeddings()).weight.numel()
     body = sum(p.numel() for p in model.parameters()) - embedding
     # The output head runs on one row per chunk: count the body, not the head.
     return 2.0 * body * tokens + 2.0 * cfg.num_hidden_layers * cfg.hidden_size * tokens**2

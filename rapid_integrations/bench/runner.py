@@ -4,6 +4,9 @@ Suites (field `suite` of each record):
   qa             the embedded model (or --model/--draft): every method on every task, greedy,
                  answers scored; a second question on the same document at the longest length
                  (`turn` 2) for time-to-first-token on a repeated document
+  broad          `--suite broad` alone: the broad QA suite (`bench/suite.py`), one split (dev
+                 or test), every method on every task, answers scored, prompt KV shared by
+                 the methods of a task
   speed          the same model, lc against rapid at a fixed number of decoded tokens; lengths
                  past the model's window use a RoPE-scaled copy (linear scaling)
   tiny-downward  random 8-layer target, 2-layer draft, on the single-needle prompts
@@ -21,11 +24,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transformers
 from tqdm.auto import tqdm
+from transformers import PreTrainedModel
 
 from ..config import DRAFT_PRECISIONS, RapidConfig, check_choice
 from ..engine import RapidEngine
@@ -49,7 +53,10 @@ from .models import choose_dtype, load_rope_scaled, tiny_pair
 from .prefill import chunk_sizes_to_try, matmul_flops_per_second, prefill_rows
 from .probe import ForwardProbe
 from .report import write_report
-from .scoring import exact_match, token_f1
+from .scoring import score, token_f1
+from .suite import QUESTION_KINDS, SPLITS, build_suite
+from .summary import QA_SUITES
+from .texts import TEXT_KINDS
 
 DEFAULT_ETA = RapidConfig().eta
 QA_STOP = ("\n\n",)
@@ -62,8 +69,8 @@ ADAPTIVE = (("adaptive_gamma", "measured"), ("speculate_min_context", "auto"))
 """The adaptive variant: gamma is the argmax of expected tokens per second from the call's
 own timed costs and recent acceptance, and the call stops drafting where its passes measure
 slower than a plain target step (docs/algorithm.md section 2.9). No confidence stop: with
-eta > 0 the target leans toward the draft, so doubtful drafts are still kept (one 8K speed
-run: transformers' heuristic with its 0.4 stop 1.23x lc, this variant 1.39x; docs/performance.md)."""
+eta > 0 the target leans toward the draft, so doubtful drafts are still kept (measured in
+docs/performance.md, "Why these defaults")."""
 NO_LOOKUP = (("lookup_ngram", 0),)
 VARIANTS: dict[str, tuple[tuple[str, Any], ...]] = {
     "adaptive": ADAPTIVE,
@@ -94,6 +101,8 @@ class BenchSettings:
     Presets that replace the suites: long (the `long` suite at `lengths`, with rapid also at
     each of `gammas`), eta_sweep (QA only, prompt KV shared by the methods of a task), prefill
     (prefill time at `lengths` by `chunk_sizes`, against transformers and the compute bound).
+    suite: "standard" (the suites above) or "broad" (the broad QA suite alone, its `split`
+    half, `texts` by `kinds` of question, `per_cell` tasks per pair, cycling `lengths`).
     """
 
     out: Path = Path("bench-out")
@@ -124,13 +133,20 @@ class BenchSettings:
     eta_sweep: bool = False
     prefill: bool = False
     chunk_sizes: tuple[int, ...] = (256, 512, 1024, 2048)
+    suite: str = "standard"
+    split: str = "dev"
+    texts: tuple[str, ...] = TEXT_KINDS
 
     def __post_init__(self) -> None:
         _require(
             "methods", self.methods and set(self.methods) <= set(METHODS), f"names from {METHODS}"
         )
+        check_choice("suite", self.suite, SUITES)
+        check_choice("split", self.split, SPLITS)
+        known = QUESTION_KINDS if self.suite == "broad" else TASK_KINDS
+        _require("kinds", self.kinds and set(self.kinds) <= set(known), f"names from {known}")
         _require(
-            "kinds", self.kinds and set(self.kinds) <= set(TASK_KINDS), f"names from {TASK_KINDS}"
+            "texts", self.texts and set(self.texts) <= set(TEXT_KINDS), f"names from {TEXT_KINDS}"
         )
         for name in ("lengths", "speed_lengths", "rope_lengths"):
             _require(name, all(n >= 256 for n in getattr(self, name)), "lengths >= 256")
@@ -146,6 +162,8 @@ class BenchSettings:
             check_choice("draft_precision", self.draft_precision, DRAFT_PRECISIONS)
         presets = [n for n in ("quick", "long", "eta_sweep", "prefill") if getattr(self, n)]
         _require("preset", len(presets) <= 1, f"one preset at most, got {presets}")
+        broad_ok = self.suite != "broad" or not (self.long or self.eta_sweep or self.prefill)
+        _require("preset", broad_ok, "--quick or none with the broad suite")
         suites = self.speed_lengths or self.rope_lengths or self.tiny_speed
         speed = self.long or (suites and not self.prefill)
         _require("rounds", self.rounds == 1 or speed, "1 where no speed-only suite runs")
@@ -153,8 +171,12 @@ class BenchSettings:
     @classmethod
     def preset(cls, name: str | bool = "full", **overrides: Any) -> BenchSettings:
         """A preset of `PRESETS` ("full"; True means "quick", False "full") with overrides
-        (None values are ignored)."""
-        name = {True: "quick", False: "full"}.get(name, name) if isinstance(name, bool) else name
+        (None values are ignored); with suite "broad", "full" and "quick" are the broad
+        suite's presets."""
+        name = ("quick" if name else "full") if isinstance(name, bool) else name
+        if overrides.get("suite") == "broad":
+            name = {"full": "broad", "quick": "broad-quick"}.get(name, name)
+            _require("preset", name.startswith("broad"), "--quick or none with the broad suite")
         _require("preset", name in PRESETS, f"one of {sorted(PRESETS)}")
         base = cls(**PRESETS[name])
         return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
@@ -193,7 +215,8 @@ QUICK: dict[str, Any] = {
     "rope_lengths": (),
 }
 """The `--quick` preset: one task per (kind, length), three eta values, the speed suite at 8K
-only. A 16K RoPE-scaled run adds about 3 minutes on 2 cores (`--rope-lengths 16384`)."""
+only; `--rope-lengths 16384` adds a 16K RoPE-scaled run (its cost: docs/benchmarks.md,
+"Presets and options")."""
 LONG: dict[str, Any] = {
     "long": True,
     "lengths": (16384, 32768),
@@ -217,13 +240,36 @@ ETA_SWEEP: dict[str, Any] = {
 tasks per cell (the default p_hat, confidence-guarded), and the paper's p_hat (no confidence
 guard, docs/algorithm.md section 2.4) at eta 5, 10, 20; the methods of a task share its prompt
 KV (only answers are compared)."""
+BROAD: dict[str, Any] = {
+    **ETA_SWEEP,
+    "eta_sweep": False,
+    "suite": "broad",
+    "kinds": QUESTION_KINDS,
+    "per_cell": 10,
+}
+"""`--suite broad`: the candidates of issue 27 on one split (`--split dev`, the default, to
+choose; `--split test` once per chosen candidate): lc, rag, rapid at eta 0, 2, 5, 10, 20 with
+the confidence guard and at eta 5, 10, 20 without it (`paper`), 10 tasks per (text kind,
+question kind) at 2K, 4K, 8K in turn."""
+BROAD_QUICK: dict[str, Any] = {
+    **BROAD,
+    "quick": True,
+    "per_cell": 1,
+    "lengths": (2048,),
+    "etas": (0.0, DEFAULT_ETA),
+    "variants": (),
+}
+"""`--suite broad --quick`: one 2K task per (text kind, question kind), rapid at eta 0 and 5."""
 PRESETS: dict[str, dict[str, Any]] = {
     "full": {},
     "quick": QUICK,
     "long": LONG,
     "eta-sweep": ETA_SWEEP,
     "prefill": {"prefill": True, "lengths": (8192, 32768)},
+    "broad": BROAD,
+    "broad-quick": BROAD_QUICK,
 }
+SUITES = ("standard", "broad")
 LONG_VARIANTS = ("adaptive", "adaptive-again", "no-lookup")
 LONG_CACHE_BYTES = 1 << 33
 """Prefix cache bound of the long suite: a 64K prompt's KV must stay stored for the methods
@@ -287,7 +333,7 @@ class _Session:
     def run(self, call: _Call) -> None:
         """Measure one call and keep its record; speed-only suites are not scored."""
         record = _record(call, _measure(call))
-        if call.suite.name != "qa":
+        if call.suite.name not in QA_SUITES:
             record.update(accuracy=None, f1=None)
         record["dtype"] = str(self.dtype).removeprefix("torch.")
         self.records.append(record)
@@ -316,6 +362,8 @@ def run_bench(settings: BenchSettings) -> Path:
         "default_eta": DEFAULT_ETA,
     }
     session = _Session(settings, device, dtype, meta)
+    if settings.suite == "broad":
+        return _run_broad(session, engine, start)
     tok, seed = engine.tokenizer, settings.seed
     tasks = build_tasks(tok, settings.kinds, settings.lengths, settings.per_cell, seed)
     speed = build_tasks(tok, ("single",), settings.speed_lengths, 1, seed)
@@ -346,10 +394,24 @@ def run_bench(settings: BenchSettings) -> Path:
                 _speed_suite(session, "speed", rope_engine, rope, SPEED_METHODS)
             if tiny:
                 _tiny_suites(session, tok, tiny)
-    meta["wall_seconds"] = time.perf_counter() - start
-    meta["machine"]["load_average_end"] = _load_average()
-    session.save(plots=True)
-    return settings.out
+    return _finish(session, start)
+
+
+def _run_broad(session: _Session, engine: RapidEngine, start: float) -> Path:
+    """The broad QA suite's `split` half, every method on every task (no speed suites)."""
+    s = session.settings
+    tasks = build_suite(engine.tokenizer, s.split, s.texts, s.kinds, s.lengths, s.per_cell)
+    runs = len(tasks) * len(s.method_list())
+    with tqdm(total=runs, unit="run", disable=not s.progress) as session.bar:
+        _qa_suite(session, engine, tasks, "broad")
+    return _finish(session, start)
+
+
+def _finish(session: _Session, start: float) -> Path:
+    session.meta["wall_seconds"] = time.perf_counter() - start
+    session.meta["machine"]["load_average_end"] = _load_average()
+    session.save(plots=session.settings.suite != "broad")  # its figures are the cells table
+    return session.settings.out
 
 
 # ---- engines --------------------------------------------------------------------------------
@@ -363,8 +425,9 @@ def _qa_engine(
     dtype = resolve_dtype(settings.dtype if fixed else "float32", device)
     if settings.tiny_models:
         tokenizer = load_model(ensure_default_model(), LoadOptions(device, dtype))[1]
+        assert tokenizer is not None  # saved beside the default model by its conversion
         small, large = tiny_pair(len(tokenizer), 2 * max(settings.lengths + settings.speed_lengths))
-        target, draft = large.to(device), small.to(device)
+        target, draft = large.to(device), small.to(device)  # type: ignore[arg-type]  # python/typeshed#10653
     else:
         spec = settings.model or ensure_default_model()
         target, tokenizer = load_model(spec, LoadOptions(device, dtype))
@@ -402,7 +465,7 @@ def _engine_for(session: _Session, engine: RapidEngine, task: Task) -> RapidEngi
     return _rope_engine(session, engine, [task], "yarn")
 
 
-def memory_model(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, int]:
+def memory_model(model: PreTrainedModel, dtype: torch.dtype) -> dict[str, int]:
     """Bytes of the weights and of one token of KV cache (keys and values, every layer)."""
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -417,8 +480,9 @@ def memory_model(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, int]:
 # ---- suites ---------------------------------------------------------------------------------
 
 
-def _qa_suite(session: _Session, engine: RapidEngine, tasks: list[Task]) -> None:
-    """Every method on every task, then the follow-up questions (prefix cache kept warm)."""
+def _qa_suite(session: _Session, engine: RapidEngine, tasks: list[Task], name: str = "qa") -> None:
+    """Every method on every task, then the follow-up questions (prefix cache kept warm).
+    The eta sweep and the broad suite share a task's prompt KV among its methods."""
     settings = session.settings
     methods = settings.method_list()
     overrides = {
@@ -428,7 +492,8 @@ def _qa_suite(session: _Session, engine: RapidEngine, tasks: list[Task]) -> None
         "seed": settings.seed,
     }
     with ForwardProbe([engine.target, engine.draft]) as probe:
-        suite = _Suite("qa", engine, probe, overrides, share_prefill=settings.eta_sweep)
+        share = settings.eta_sweep or name == "broad"
+        suite = _Suite(name, engine, probe, overrides, share_prefill=share)
         warm_up(engine, methods, probe)
         for task, followup in zip(tasks, _followups(settings, tasks), strict=True):
             retrieved = _Retrieved.build(engine, task, any(m.retrieves for m in methods))
@@ -453,7 +518,7 @@ def _followups(settings: BenchSettings, tasks: list[Task]) -> list[Task | None]:
 def _tiny_suites(session: _Session, tokenizer: Any, tasks: list[Task]) -> None:
     """Downward then upward speculation with the tiny random pair, speed only."""
     small, large = tiny_pair(len(tokenizer), 2 * max(t.context_label for t in tasks))
-    small, large = small.to(session.device, session.dtype), large.to(session.device, session.dtype)
+    small, large = small.to(session.device, session.dtype), large.to(session.device, session.dtype)  # type: ignore[arg-type]  # python/typeshed#10653
     for suite, target, draft in (("tiny-downward", large, small), ("tiny-upward", small, large)):
         _speed_suite(session, suite, RapidEngine(target, draft, tokenizer), tasks, TINY_METHODS)
 
@@ -582,8 +647,10 @@ class _Retrieved:
         seconds = time.perf_counter() - start
         if built.target_only:  # retrieval failed: the engine falls back to the target alone
             return cls(None, seconds, 0.0)
-        text = "\n".join(m["content"] for m in built.prompt)
-        return cls(built.prompt, seconds, sum(f in text for f in task.facts) / len(task.facts))
+        messages = cast(list[dict[str, Any]], built.prompt)  # chat in, chat out
+        text = "\n".join(m["content"] for m in messages)
+        found = sum(f in text for f in task.facts)
+        return cls(built.prompt, seconds, found / len(task.facts) if task.facts else None)
 
 
 def _measure(call: _Call) -> Measurement:
@@ -629,14 +696,19 @@ def _record(call: _Call, measured: Measurement) -> dict[str, Any]:
         "eta": method.eta if method.name == "rapid" else (0.0 if method.name == "sd" else None),
         "task": task.kind,
         "task_id": task.task_id,
+        "text_kind": task.text_kind,
+        "split": task.split,
+        "task_seed": task.seed,
         "context_label": task.context_label,
         "turn": call.turn,
         "round": call.round,
         "target_model": model_name(engine.target),
         "draft_model": model_name(engine.draft) if method.name in ("rag", "sd", "rapid") else None,
-        "accuracy": exact_match(measured.answer, task.references),
+        "accuracy": score(measured.answer, task.references, task.rule, task.wrong),
         "f1": token_f1(measured.answer, task.references),
         "references": list(task.references),
+        "rule": task.rule,
+        "wrong": list(task.wrong),
         "needle_recall": retrieved.needle_recall if retrieves else None,
         "retrieval_seconds": retrieved.seconds if retrieves else None,
         **dataclasses.asdict(measured),

@@ -5,6 +5,11 @@ containment form used by needle benchmarks (RULER's string match, all references
 each reference's normalized words must appear as a contiguous run in the normalized answer.
 Token F1 is SQuAD's: word overlap between the answer and the references joined, which also
 rewards partial answers of two-fact questions and penalizes padding.
+
+`score` applies a task's rule (`RULES`): "contains" is exact match; "count" wants the right
+number (digits or a word) as the first number of the answer; "absent" wants an abstention
+(a negation such as "not in the document", "no information", "unknown"). Under every rule an
+answer that names one of the task's `wrong` strings (another subject's code) scores 0.
 """
 
 from __future__ import annotations
@@ -15,6 +20,16 @@ from collections import Counter
 from collections.abc import Sequence
 
 _ARTICLES = frozenset({"a", "an", "the"})
+RULES = ("contains", "count", "absent")
+NUMBER_WORDS = (
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
+    "nineteen", "twenty",
+)  # fmt: skip
+"""Number words read as counts, at their value's index."""
+ABSTAIN_WORDS = frozenset({"not", "no", "cannot", "unknown", "none", "neither", "nowhere"})
+"""Words of an answer that declines: "not in the document", "no information", "I cannot
+find it" ("n't" is read as "not")."""
 
 
 def normalize_words(text: str) -> list[str]:
@@ -45,3 +60,34 @@ def token_f1(prediction: str, references: Sequence[str]) -> float:
         return 0.0
     precision, recall = overlap / len(predicted), overlap / len(gold)
     return 2 * precision * recall / (precision + recall)
+
+
+def first_number(prediction: str) -> int | None:
+    """The first number of `prediction`, in digits or as a word of `NUMBER_WORDS`, or None."""
+    for word in normalize_words(prediction):
+        if word.isdecimal():
+            return int(word)
+        if word in NUMBER_WORDS:
+            return NUMBER_WORDS.index(word)
+    return None
+
+
+def abstains(prediction: str) -> bool:
+    """Whether `prediction` declines to answer (holds a word of `ABSTAIN_WORDS`)."""
+    spelled = re.sub(r"n[’']t\b", " not", prediction, flags=re.IGNORECASE)
+    return not ABSTAIN_WORDS.isdisjoint(normalize_words(spelled))
+
+
+def score(
+    prediction: str, references: Sequence[str], rule: str = "contains", wrong: Sequence[str] = ()
+) -> float:
+    """1.0 when `prediction` is right under `rule` (module docstring) and names none of
+    `wrong`, else 0.0."""
+    words = normalize_words(prediction)
+    if any(_contains(words, normalize_words(w)) for w in wrong):
+        return 0.0
+    if rule == "count":
+        return 1.0 if first_number(prediction) == int(references[0]) else 0.0
+    if rule == "absent":
+        return 1.0 if abstains(prediction) else 0.0
+    return exact_match(prediction, references)

@@ -13,6 +13,9 @@ from typing import Any
 
 GROUP_KEYS = ("suite", "method", "label", "eta", "context_label", "turn")
 TASK_ALL = "all"
+QA_SUITES = ("qa", "broad")
+"""Suites whose answers are scored."""
+CELL_KEYS = ("split", "label", "method", "eta")
 
 Record = dict[str, Any]
 
@@ -121,10 +124,9 @@ def _round_rates(rs: list[Record]) -> list[float | None] | None:
 def _texts(rs: list[Record]) -> list[str] | None:
     """The distinct texts the group decoded, each as the first 12 hex digits of its SHA-256
     (sorted; None where a record has no text): rows with equal lists wrote the same texts."""
-    answers = [r.get("answer") for r in rs]
-    if any(a is None for a in answers):
+    if any(r.get("answer") is None for r in rs):
         return None
-    return sorted({hashlib.sha256(a.encode()).hexdigest()[:12] for a in answers})
+    return sorted({hashlib.sha256(r["answer"].encode()).hexdigest()[:12] for r in rs})
 
 
 def _pooled_outside(rs: list[Record]) -> float | None:
@@ -132,6 +134,29 @@ def _pooled_outside(rs: list[Record]) -> float | None:
     seconds = sum(r["decode_seconds"] for r in timed)
     outside = sum(max(0.0, r["decode_seconds"] - r["forward_seconds"]) for r in timed)
     return outside / seconds if seconds else None
+
+
+def accuracy_cells(records: list[Record]) -> list[Record]:
+    """The broad suite's accuracy by (split, method label, text kind, question kind), over all
+    lengths, each kind also "all": n, mean accuracy, its standard error over the tasks, and
+    the pooled decode rate."""
+    groups: dict[tuple, list[Record]] = {}
+    for r in records:
+        if r["suite"] != "broad":
+            continue
+        for text in (r["text_kind"], TASK_ALL):
+            for task in (r["task"], TASK_ALL):
+                groups.setdefault((*(r[k] for k in CELL_KEYS), text, task), []).append(r)
+    return [
+        {
+            **dict(zip((*CELL_KEYS, "text_kind", "task"), key, strict=True)),
+            "n": len(rs),
+            "accuracy": mean(r["accuracy"] for r in rs),
+            "accuracy_stderr": _stderr([r["accuracy"] for r in rs]),
+            "decode_tokens_per_second": _pooled_rate(rs),
+        }
+        for key, rs in groups.items()
+    ]
 
 
 def find_row(summary: list[Record], **key: Any) -> Record | None:

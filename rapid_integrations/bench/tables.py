@@ -6,16 +6,29 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .dataset import TASK_KINDS
-from .summary import GROUP_KEYS, TASK_ALL, Record, find_row
+from .suite import QUESTION_KINDS
+from .summary import GROUP_KEYS, QA_SUITES, TASK_ALL, Record, find_row
+from .texts import TEXT_KINDS
+
+KIND_ORDER = list(dict.fromkeys((*QUESTION_KINDS, *TASK_KINDS)))  # keeps single, two, chat
 
 
 def markdown(
-    meta: dict[str, Any], summary: list[Record], figures: list[Record], plots: Sequence[str]
+    meta: dict[str, Any],
+    summary: list[Record],
+    figures: list[Record],
+    plots: Sequence[str],
+    cells: Sequence[Record] = (),
 ) -> str:
-    """The report: machine, quality and speed table, speed-only table, speed figures, plots."""
+    """The report: machine, quality and speed table, speed-only table, speed figures, plots;
+    for the broad suite its accuracy `cells` by kind of text and of question."""
     parts = ["# RAPID benchmark results", "", _machine_line(meta), ""]
     if any(r["suite"] == "qa" for r in summary):
         parts += ["## Quality and speed, side by side (greedy)", "", _qa_table(summary), ""]
+    for split in dict.fromkeys(c["split"] for c in cells):
+        parts += [f"## Broad suite, {split} half: accuracy by kind (greedy)", ""]
+        parts += [_cells_table([c for c in cells if c["split"] == split]), ""]
+        parts += [f"### By length ({split})", "", _qa_table(summary, "broad"), ""]
     speed = _speed_table(summary)
     if speed:
         parts += ["## Speed-only runs (end-of-sequence ignored)", "", speed, ""]
@@ -36,14 +49,22 @@ def _machine_line(meta: dict[str, Any]) -> str:
         f"{meta.get('draft_precision')}; torch {m.get('torch')}, "
         f"transformers {m.get('transformers')}, Python {m.get('python')}. "
         f"Load average at start {m.get('load_average_start')}, at end {m.get('load_average_end')}. "
-        f"Preset: {_preset_name(s)}, {s.get('per_cell')} task(s) per kind "
-        f"and length, seed {s.get('seed')}" + (f"; wall time {wall / 60:.1f} min." if wall else ".")
+        f"Preset: {_preset_name(s)}, {s.get('per_cell')} task(s) per {_cell_name(s)}, "
+        f"seed {s.get('seed')}" + (f"; wall time {wall / 60:.1f} min." if wall else ".")
     )
 
 
 def _preset_name(settings: dict[str, Any]) -> str:
     names = ("quick", "long", "eta_sweep", "prefill")
-    return next((n.replace("_", "-") for n in names if settings.get(n)), "full")
+    name = next((n.replace("_", "-") for n in names if settings.get(n)), "full")
+    if settings.get("suite") == "broad":
+        return f"broad suite{' quick' if name == 'quick' else ''}, {settings['split']} half"
+    return name
+
+
+def _cell_name(settings: dict[str, Any]) -> str:
+    broad = settings.get("suite") == "broad"
+    return "text and question kind, lengths in turn" if broad else "kind and length"
 
 
 def length_name(tokens: int) -> str:
@@ -71,9 +92,9 @@ def _accuracy(row: Record | None) -> str:
     return _fmt(row["accuracy"]) + (f" ± {spread:.2f}" if spread is not None else "")
 
 
-def _qa_table(summary: list[Record]) -> str:
-    qa = [r for r in summary if r["suite"] == "qa" and r["turn"] == 1]
-    kinds = sorted({r["task"] for r in qa} - {TASK_ALL}, key=TASK_KINDS.index)
+def _qa_table(summary: list[Record], suite: str = "qa") -> str:
+    qa = [r for r in summary if r["suite"] == suite and r["turn"] == 1]
+    kinds = sorted({r["task"] for r in qa} - {TASK_ALL}, key=KIND_ORDER.index)
     rows = []
     for row in (r for r in qa if r["task"] == TASK_ALL):
         by_kind = [find_row(qa, **{k: row[k] for k in GROUP_KEYS}, task=kind) for kind in kinds]
@@ -108,6 +129,22 @@ def _qa_table(summary: list[Record]) -> str:
     return _table(headers, rows)
 
 
+def _cells_table(cells: list[Record]) -> str:
+    """One row per method: accuracy ± standard error over all tasks, by question kind (over
+    every text) and by text kind (over every question)."""
+    kinds = sorted({c["task"] for c in cells} - {TASK_ALL}, key=KIND_ORDER.index)
+    texts = sorted({c["text_kind"] for c in cells} - {TASK_ALL}, key=TEXT_KINDS.index)
+    rows = []
+    for label in dict.fromkeys(c["label"] for c in cells):
+        mine = [c for c in cells if c["label"] == label]
+        columns = [(TASK_ALL, TASK_ALL), *((TASK_ALL, k) for k in kinds)]
+        columns += [(t, TASK_ALL) for t in texts]
+        found = [find_row(mine, text_kind=text, task=kind) for text, kind in columns]
+        total = found[0]
+        rows.append([label, _fmt(total and total["n"]), *(_accuracy(c) for c in found)])
+    return _table(["method", "tasks", "accuracy", *kinds, *(f"text {t}" for t in texts)], rows)
+
+
 def _speed_table(summary: list[Record]) -> str:
     rows = [
         [
@@ -124,7 +161,7 @@ def _speed_table(summary: list[Record]) -> str:
             _fmt(r["peak_memory_bytes"] and r["peak_memory_bytes"] / 2**30),
         ]
         for r in summary
-        if r["suite"] != "qa" and r["task"] == TASK_ALL
+        if r["suite"] not in QA_SUITES and r["task"] == TASK_ALL
     ]
     headers = [
         "suite",

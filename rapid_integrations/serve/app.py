@@ -21,7 +21,7 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -171,7 +171,7 @@ async def _answer(server: _Server, call: EngineCall, request: Request) -> Respon
             await run.close()
 
 
-def _decode(server: _Server, call: EngineCall) -> Iterator[Delta | RapidOutput | None]:
+def _decode(server: _Server, call: EngineCall) -> Generator[Delta | RapidOutput | None, None, None]:
     """Worker thread: None once the call is planned, then `Delta`s, then the output.
     Closing it (the consumer left) closes the engine stream, freeing its caches."""
     server.metrics.open_streams.inc()

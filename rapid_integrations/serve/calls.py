@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ..call_options import CallOptions
 from ..config import MAX_TOP_LOGPROBS, RapidConfig
@@ -79,7 +79,7 @@ def completion_call(
         raise unsupported("suffix", "insertion (suffix) is not supported")
     if request.best_of not in (None, 1):
         raise unsupported("best_of", "only best_of=1 is supported")
-    prompt: Prompt = request.prompt
+    prompt = cast(Prompt, request.prompt)  # a list of strings is unwrapped next
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         if len(prompt) != 1:
             raise unsupported("prompt", "one prompt per request (a list of one string at most)")
@@ -144,7 +144,7 @@ def _overrides(request: _Request, max_tokens: int | None) -> dict[str, Any]:
 def _logprob_options(logprobs: bool, top_logprobs: int) -> dict[str, Any]:
     """The engine's `logprobs=` and `top_logprobs=`, checked here so that a bad value is a 400
     naming its field (top_logprobs above 20, negative, or without logprobs), as OpenAI's."""
-    options = {"logprobs": logprobs, "top_logprobs": top_logprobs}
+    options: dict[str, Any] = {"logprobs": logprobs, "top_logprobs": top_logprobs}
     try:
         RapidConfig(**options)
     except RapidConfigError as exc:

@@ -52,15 +52,17 @@ def rapid_deployment(
     A replica takes up to `max_running + max_waiting` requests, so that its own queue (and
     its 429 answers) sees the overflow, as a single server does.
     """
+    # The ignores: ray types RequestRouterConfig's keywords all as dicts (`**kwargs: dict`), and
+    # `deployment(cls, ...)` as its decorator form, which returns a function, not a Deployment.
     deployment = serve.deployment(
         RapidReplica,
         name="RapidReplica",
         num_replicas=replicas,
         ray_actor_options={"num_cpus": cpus, "num_gpus": gpus},
         max_ongoing_requests=settings.max_running + settings.max_waiting,
-        request_router_config=RequestRouterConfig(request_router_class=AFFINITY_ROUTER),
+        request_router_config=RequestRouterConfig(request_router_class=AFFINITY_ROUTER),  # type: ignore[arg-type]
     )
-    return deployment.bind(settings)
+    return deployment.bind(settings)  # type: ignore[attr-defined]
 
 
 def start(

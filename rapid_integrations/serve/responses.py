@@ -40,7 +40,7 @@ _LOGPROBS = "log probabilities are not returned by /v1/responses"
 def responses_call(request: ResponsesRequest, collections: Mapping[str, Collection]) -> EngineCall:
     """The engine call of a Responses API request; raises `ServeError` for what is refused."""
     _refuse_stateful(request)
-    chat = {
+    chat: dict[str, Any] = {
         "model": request.model,
         "messages": _messages(request),
         "max_completion_tokens": request.max_output_tokens,
