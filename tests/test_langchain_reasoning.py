@@ -17,7 +17,7 @@ import pytest
 import torch
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
 
-from langchain_rapid import ChatRapid
+from langchain_rapid import ChatRapid, RapidLLM
 from langchain_rapid.chat_models import to_chat_messages
 from rapid_integrations import RapidConfig, RapidEngine
 from tests.serve_fixtures import save_tiny_model
@@ -107,6 +107,13 @@ def test_streamed_reasoning_comes_first_and_adds_up(engine: RapidEngine) -> None
         return [c async for c in model.astream("ab 12")]
 
     assert summed(asyncio.run(collect())).additional_kwargs == whole.additional_kwargs
+
+
+def test_the_llm_reports_the_section_in_generation_info(engine: RapidEngine) -> None:
+    generation = RapidLLM(engine=engine, **THINK).generate(["ab 12"]).generations[0][0]
+    out = engine.generate(chat("ab 12"), **THINK)
+    assert generation.text == out.text
+    assert generation.generation_info["reasoning_content"] == out.reasoning
 
 
 def test_reasoning_off_leaves_the_markers_as_text(engine: RapidEngine) -> None:
