@@ -155,15 +155,16 @@ def test_completions_return_the_raw_text(client: openai.OpenAI, engine: RapidEng
 def test_responses_reasoning_item_and_argument_events(
     client: openai.OpenAI, engine: RapidEngine
 ) -> None:
-    whole = client.responses.create(
-        model=MODEL,
-        input=CHAT,
-        max_output_tokens=160,
-        extra_body=THINK,
-        tools=[flat(WEATHER)],
-        tool_choice="required",
-        parallel_tool_calls=False,
-    )
+    request: dict[str, Any] = {
+        "model": MODEL,
+        "input": CHAT,
+        "max_output_tokens": 160,
+        "extra_body": THINK,
+        "tools": [flat(WEATHER)],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+    }
+    whole = client.responses.create(**request)
     want = expected(engine, CHAT, max_new_tokens=160, **THINK, **CALL)
     reasoning = [i for i in whole.output if i.type == "reasoning"]
     assert [c.text for c in reasoning[0].content] == [want.reasoning]
@@ -171,18 +172,7 @@ def test_responses_reasoning_item_and_argument_events(
     calls = [(i.name, i.arguments) for i in whole.output if i.type == "function_call"]
     assert calls == [(c.name, c.arguments_json) for c in want.tool_calls]
 
-    events = list(
-        client.responses.create(
-            model=MODEL,
-            input=CHAT,
-            max_output_tokens=160,
-            extra_body=THINK,
-            tools=[flat(WEATHER)],
-            tool_choice="required",
-            parallel_tool_calls=False,
-            stream=True,
-        )
-    )
+    events = list(client.responses.create(**request, stream=True))
     kinds = [e.type for e in events]
     thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert thought == want.reasoning

@@ -36,6 +36,7 @@ from tests.serve_fixtures import (
     save_tiny_model,
     wait_until,
 )
+from tests.test_tools import MULTIPLY
 from tests.tiny import JSON_ALPHABET, char_tokenizer
 
 WEATHER = {
@@ -251,20 +252,6 @@ def test_a_tool_result_turn_is_rendered_as_the_engine_does(
     assert out.usage.prompt_tokens == expected.prompt_tokens
     assert out.choices[0].message.content == expected.text
     assert out.choices[0].message.tool_calls is None
-
-
-MULTIPLY = {
-    "type": "function",
-    "function": {
-        "name": "multiply",
-        "description": "Multiply two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
 
 
 @pytest.mark.slow
