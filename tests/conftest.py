@@ -19,10 +19,13 @@ settings.register_profile("deterministic", derandomize=True, deadline=None)
 settings.load_profile("deterministic")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def one_thread():
-    """Tiny models and tensors: a thread pool only adds synchronization (30 times slower on a
-    busy machine). Used by the statistical tests, which make thousands of small calls."""
+    """Tiny models and tensors: a thread pool only adds synchronization (its threads spin
+    waiting: 30 times slower on a busy machine). Every module whose tests run tiny models uses
+    it (`pytestmark`); those on the embedded models keep torch's pool, which their matrices fill.
+    Module-wide, so that a module's shared engines and expected outputs come from the same
+    thread count as its tests (float32 sums reduce in another order on another count)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -21,6 +21,8 @@ from rapid_integrations.bench.tables import length_name, markdown
 from rapid_integrations.cli import main
 from rapid_integrations.tokens import encode_prompt
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 REQUIRED_FIELDS = {
     "method",
     "eta",

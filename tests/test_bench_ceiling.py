@@ -13,6 +13,8 @@ from rapid_integrations.bench.ceiling import (
 )
 from rapid_integrations.bench.models import tiny_pair
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 
 def flat(target: float, draft: float, verify: float) -> StepCosts:
     """A verify pass of any size >= 2 tokens costs `verify`."""

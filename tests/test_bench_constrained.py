@@ -18,6 +18,8 @@ from rapid_integrations.bench.constrained import (
 )
 from tests.tiny import json_tokenizer, tiny_llama
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 
 @pytest.fixture(scope="module")
 def setup():

@@ -20,6 +20,8 @@ from rapid_integrations.bench.logprob_cost import (
 from rapid_integrations.cli import build_parser
 from tests.tiny import char_tokenizer, tiny_llama
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 
 @pytest.fixture(scope="module")
 def engine():

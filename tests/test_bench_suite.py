@@ -28,6 +28,8 @@ from rapid_integrations.bench.texts import TEXT_KINDS
 from rapid_integrations.cli import main
 from rapid_integrations.tokens import encode_prompt
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 
 @pytest.fixture(scope="module")
 def smol_tokenizer():

@@ -21,6 +21,8 @@ from rapid_integrations.adapter_params import LoadSpec
 from rapid_integrations.call_options import CALL_NAMES, ENGINE_RETRIEVER
 from rapid_integrations.engine_handle import EngineHandle
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 
 def test_every_name_is_a_call_option_or_a_config_field() -> None:
     names = {f.name: f.default for f in dataclasses.fields(RapidConfig)}

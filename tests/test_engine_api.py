@@ -18,6 +18,8 @@ from rapid_integrations import (
 from rapid_integrations.tokens import Detokenizer
 from tests.tiny import char_tokenizer, reference_greedy, tiny_llama
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 BAD_VALUES = {
     "eta": [-1.0, float("nan"), "5"],
     "gamma": [0, 65, 2.5, True],

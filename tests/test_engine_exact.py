@@ -10,6 +10,8 @@ import torch
 from rapid_integrations import RapidConfig, RapidEngine
 from tests.tiny import reference_greedy, tiny_llama
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 ALPHABET = "abcdefghijkl ."
 
 

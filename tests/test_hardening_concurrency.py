@@ -27,6 +27,8 @@ from llamaindex_rapid import RapidLLM as LlamaIndexLLM
 from rapid_integrations import RapidConfig, RapidEngine, RapidError
 from tests.hardening import patched_forward, settle_threads, slow_down, track_caches
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 DOC = "abc def ghi jkl. " * 8
 QUESTIONS = ["what is a.", "and b d.", "kab.", "def ghi."]
 CALLS: list[tuple[str, dict[str, Any]]] = [

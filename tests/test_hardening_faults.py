@@ -30,6 +30,8 @@ from tests.hardening import fail_past, patched_forward, poison_logits, track_cac
 from tests.test_cli import tiny_args
 from tests.tiny import reference_greedy, tiny_llama
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 PROMPT, DRAFT_PROMPT = "hello kab def", "kab def"
 DOC = "abc def ghi jkl. " * 6
 SETTINGS = {

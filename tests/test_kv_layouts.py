@@ -27,6 +27,8 @@ from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine
 from rapid_integrations.kv import BufferedLayer, BufferedSlidingLayer, new_cache
 from tests.tiny import reference_greedy
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 WINDOW = 16
 NEW = 40
 PROMPTS = ["abcdefghijkl abcdefghijkl abc kjihg", "hello. ab cd ef", "lk ji hg fe dc ba " * 3]

@@ -40,6 +40,8 @@ from rapid_integrations import (
     RapidInputError,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 PROMPT = "abc def"
 MESSAGES = [{"role": "user", "content": PROMPT}]
 # The tiny models stop early on their own; ignoring EOS gives texts long enough to cut.

@@ -24,6 +24,8 @@ from tests.serve_fixtures import save_tiny_model
 from tests.test_reasoning import OPEN_TEMPLATE, QUESTIONS, WEATHER
 from tests.tiny import JSON_ALPHABET, char_tokenizer, tiny_llama
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 THINK = {"max_reasoning_tokens": 7}
 CALL = {"max_reasoning_tokens": 5, "max_new_tokens": 120}
 

@@ -31,6 +31,10 @@ ENDLESS_JOKE = (
     "SmolLM2-135M does not close the joke's JSON string (a repeated phrase runs into "
     "max_tokens), so the answer is cut off: OutputParserException with finish_reason='length'"
 )
+# Tests whose every call asks for the joke fail at their first call, cut off. They run with 24
+# tokens: greedy decoding writes the first 24 of the 96 that never close the string, so the
+# same error comes four times sooner.
+JOKE_ONLY = pytest.mark.parametrize("model", [{"max_tokens": 24}], indirect=True, ids=["short"])
 
 
 class NotOffered:
@@ -136,16 +140,19 @@ class TestChatRapidIntegration(NotOffered, ChatModelIntegrationTests):
     def test_agent_loop(self, model: BaseChatModel) -> None:
         super().test_agent_loop(model)
 
+    @JOKE_ONLY
     @pytest.mark.xfail(strict=True, raises=OutputParserException, reason=ENDLESS_JOKE)
     @pytest.mark.parametrize("schema_type", ["pydantic", "typeddict", "json_schema"])
     def test_structured_output(self, model: BaseChatModel, schema_type: Any) -> None:
         super().test_structured_output(model, schema_type)
 
+    @JOKE_ONLY
     @pytest.mark.xfail(strict=True, raises=OutputParserException, reason=ENDLESS_JOKE)
     @pytest.mark.parametrize("schema_type", ["pydantic", "typeddict", "json_schema"])
     async def test_structured_output_async(self, model: BaseChatModel, schema_type: Any) -> None:
         await super().test_structured_output_async(model, schema_type)
 
+    @JOKE_ONLY
     @pytest.mark.xfail(strict=True, raises=OutputParserException, reason=ENDLESS_JOKE)
     def test_structured_output_pydantic_2_v1(self, model: BaseChatModel) -> None:
         super().test_structured_output_pydantic_2_v1(model)
@@ -154,6 +161,7 @@ class TestChatRapidIntegration(NotOffered, ChatModelIntegrationTests):
     def test_structured_output_optional_param(self, model: BaseChatModel) -> None:
         super().test_structured_output_optional_param(model)
 
+    @JOKE_ONLY
     @pytest.mark.xfail(strict=True, raises=OutputParserException, reason=ENDLESS_JOKE)
     def test_json_mode(self, model: BaseChatModel) -> None:
         super().test_json_mode(model)

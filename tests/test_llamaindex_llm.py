@@ -37,6 +37,8 @@ from rapid_integrations import (
 )
 from rapid_integrations.timeouts import RapidTimeoutError
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
 PROMPT = "abc def. ghi jkl abc."
 MESSAGES = [

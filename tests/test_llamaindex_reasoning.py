@@ -20,6 +20,8 @@ from rapid_integrations import RapidEngine
 from tests.test_langchain_reasoning import CALL, THINK, chat, reasoning_engine
 from tests.test_reasoning import QUESTIONS
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 QUESTION = [ChatMessage(role="user", content="ab 12")]
 
 

@@ -30,6 +30,8 @@ from rapid_integrations import (
 )
 from tests.tiny import tool_engine
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 
 def get_weather(city: Literal["paris", "rome"], days: Annotated[int, Field(ge=1, le=7)]) -> str:
     """Weather of a city."""

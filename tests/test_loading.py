@@ -13,6 +13,8 @@ from rapid_integrations import ModelNotFoundError, RapidConfigError, RapidEngine
 from rapid_integrations.models import context_window_of, places_itself
 from tests.tiny import char_tokenizer, reference_greedy, tiny_llama
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 PROMPT = "abc. bad cab. a deal"
 WINDOW = 512  # tests.tiny's window
 F64 = {"dtype": torch.float64}  # the saved models' own dtype: exact against the reference

@@ -11,6 +11,8 @@ from rapid_integrations import RapidConfig, RapidEngine
 from rapid_integrations.prefix_cache import PrefixCache, weights_version
 from tests.tiny import reference_greedy, tiny_llama
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 DOC = "abc def ghi jkl. " * 12
 QUESTIONS = ["what is a.", "and b.", "what is c d.", "ok."]
 

@@ -21,6 +21,8 @@ from rapid_integrations.sections import CallSplitter, Gate, Sections
 from tests.test_grammar import allowed, reference_compiled
 from tests.tiny import JSON_ALPHABET, char_tokenizer, tiny_llama
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 # Earlier turns' reasoning is rendered, as Qwen3's template does for the turns it keeps; the
 # generation prompt opens the section (DeepSeek-R1's templates, Qwen3 with thinking on).
 OPEN_TEMPLATE = (

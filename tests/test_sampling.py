@@ -16,6 +16,8 @@ from rapid_integrations.sampling import (
     residual,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 V = 12
 
 

@@ -21,6 +21,8 @@ from tests.test_engine_distribution import DRAFT_PROMPT, PROMPT, assert_follows,
 from tests.test_engine_exact import random_prompts
 from tests.tiny import reference_greedy
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 
 def transformers_probs(
     logits: torch.Tensor,
@@ -155,21 +157,17 @@ def sampler(tok, target, draft):
     return RapidEngine(target, draft, tokenizer=tok, config=cfg)
 
 
-def test_eta0_sampling_first_token_follows_filtered_p(sampler, target, tok):
-    law = filtered_p(target, tok.encode(PROMPT), tok).numpy()
-    assert 3 <= (law > 0).sum() < len(law)  # the filters cut, yet leave a choice
-    counts = first_tokens(sampler, N, gamma=2, max_new_tokens=3)
-    assert counts[law == 0].sum() == 0
-    assert_follows(counts, law)
-
-
-def test_eta0_sampling_second_token_follows_filtered_p(sampler, target, tok):
-    """Token 2 is a verified draft row (gamma 3): its penalty counts the first token."""
+def test_eta0_sampling_first_two_tokens_follow_filtered_p(sampler, target, tok):
+    """Token 1 follows filtered p; token 2 is a verified draft row (gamma 3): its penalty
+    counts the first token."""
     ids = tok.encode(PROMPT)
     p1 = filtered_p(target, ids, tok)
+    assert 3 <= (p1 > 0).sum() < len(p1)  # the filters cut, yet leave a choice
     law = sum(p1[a] * filtered_p(target, [*ids, a], tok) for a in range(len(tok)) if p1[a] > 0)
-    counts = first_tokens(sampler, N, position=1, gamma=3, max_new_tokens=4)
-    assert_follows(counts, law.numpy())
+    counts = first_tokens(sampler, N, gamma=3, max_new_tokens=4)
+    assert counts[0, p1.numpy() == 0].sum() == 0
+    assert_follows(counts[0], p1.numpy())
+    assert_follows(counts[1], law.numpy())
 
 
 def test_eta_positive_law_with_filtered_p_and_q(sampler, target, draft, tok):
@@ -180,6 +178,6 @@ def test_eta_positive_law_with_filtered_p_and_q(sampler, target, draft, tok):
     q = filtered(draft_logits, ids)
     ph = p_hat(torch.log(p)[None], q[None], 3.0)[0]
     law = one_step_law(p, ph, q).numpy()
-    counts = first_tokens(sampler, N, gamma=2, max_new_tokens=3, eta=3.0)
+    counts = first_tokens(sampler, N, gamma=2, max_new_tokens=3, eta=3.0)[0]
     assert counts[law == 0].sum() == 0
     assert_follows(counts, law)

@@ -12,6 +12,8 @@ from rapid_integrations.schedule_memory import ScheduleMemory, schedule_key
 from tests.test_engine_adaptive import slowed
 from tests.tiny import reference_greedy
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 AUTO = RapidConfig(gamma=4, speculate_min_context="auto")
 KEY = schedule_key("rapid", 2048, AUTO, False)
 

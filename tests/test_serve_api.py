@@ -23,6 +23,8 @@ from rapid_integrations.serve.collection import Collection
 from tests.retrieval_fixtures import HashingEmbedder
 from tests.serve_fixtures import DTYPE, MODEL, LiveServer, metric
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 CHAT = [
     {"role": "system", "content": "be brief."},
     {"role": "user", "content": "a bad cafe. deal a face"},

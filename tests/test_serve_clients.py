@@ -13,6 +13,8 @@ import pytest
 from rapid_integrations import CallOptions, RapidEngine
 from tests.serve_fixtures import MODEL, LiveServer, live_server
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 SYSTEM = "be brief."
 
 

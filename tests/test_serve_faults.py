@@ -20,6 +20,8 @@ import pytest
 from tests.hardening import patched_forward, slow_down, track_caches
 from tests.serve_fixtures import MODEL, live_server, metric, metrics_of, wait_until
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 LONG = {
     "model": MODEL,
     "messages": [{"role": "user", "content": "a cab"}],

@@ -16,6 +16,8 @@ import pytest
 from rapid_integrations import RapidEngine, RapidOutput
 from tests.serve_fixtures import MODEL, LiveServer, live_server
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 CHAT = [{"role": "user", "content": "a bad cafe. deal a face"}]
 SAMPLED = {"temperature": 0.9, "top_p": 0.9, "seed": 7}
 

@@ -24,6 +24,8 @@ from tests.serve_fixtures import DTYPE, MODEL, LiveServer, live_server, save_tin
 from tests.test_reasoning import OPEN_TEMPLATE, WEATHER
 from tests.tiny import JSON_ALPHABET, char_tokenizer
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 CHAT = [{"role": "user", "content": "weather in paris"}]
 THINK = {"max_reasoning_tokens": 12}
 CALL = {"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False}

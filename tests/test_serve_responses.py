@@ -21,6 +21,8 @@ from tests import test_serve_tools
 from tests.serve_fixtures import MODEL, LiveServer, live_server
 from tests.test_serve_tools import CHAT, SCHEMA, TOOLS, WEATHER, Answer, EngineOutput, engine_calls
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 # The tiny JSON model, its in-process outputs and its live server: the chat tool tests' fixtures.
 json_model_dir = test_serve_tools.json_model_dir
 engine_output = test_serve_tools.engine_output

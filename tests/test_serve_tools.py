@@ -39,6 +39,8 @@ from tests.serve_fixtures import (
 from tests.test_tools import MULTIPLY
 from tests.tiny import JSON_ALPHABET, char_tokenizer
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 WEATHER = {
     "type": "function",
     "function": {

@@ -21,6 +21,8 @@ from rapid_integrations.weight_only import (
 from tests.test_engine_exact import random_prompts
 from tests.tiny import reference_greedy, tiny_llama
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
+
 
 def _linear(rows: int, cols: int, dtype: torch.dtype, bias: bool = True) -> torch.nn.Linear:
     torch.manual_seed(rows + cols)
