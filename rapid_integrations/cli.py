@@ -183,28 +183,28 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         dest="preset",
         action="store_const",
         const="quick",
-        help="small preset: ~12 min on 2 CPU cores",
+        help="small preset (run times: docs/performance.md, Reproduce)",
     )
     presets.add_argument(
         "--long",
         dest="preset",
         action="store_const",
         const="long",
-        help="speed at 16K and 32K (YaRN), every decoding variant, with ceilings: ~25 min",
+        help="speed at 16K and 32K (YaRN), every decoding variant, with ceilings",
     )
     presets.add_argument(
         "--eta-sweep",
         dest="preset",
         action="store_const",
         const="eta-sweep",
-        help="QA accuracy of lc, rag and rapid over eta at 2K-8K, 5 tasks per cell: ~30 min",
+        help="QA accuracy of lc, rag and rapid over eta at 2K-8K, 5 tasks per cell",
     )
     presets.add_argument(
         "--prefill",
         dest="preset",
         action="store_const",
         const="prefill",
-        help="prefill speed at 8K and 32K by chunk size, against transformers: ~20 min",
+        help="prefill speed at 8K and 32K by chunk size, against transformers",
     )
     p.add_argument("--gammas", type=_ints, help="--long: fixed gammas rapid also runs at")
     p.add_argument("--chunk-sizes", type=_ints, help="--prefill: chunk sizes tried")
