@@ -8,7 +8,10 @@ UV := $(VENV)/bin/uv
 STAMP := $(VENV)/.installed
 EXTRAS := langchain,llamaindex,serve,grammar,dev
 # uv installs in parallel, several times faster than pip; pip does it where uv did not install.
-INSTALL = if test -x $(UV); then $(UV) pip install -q --python $(PY) $(1); else $(PIP) install $(1); fi
+# Copies, not uv's default hard links into its cache: nltk refuses a multiply-linked data file
+# (the stopwords llama-index ships), so LlamaIndex's splitters would fail.
+INSTALL = if test -x $(UV); then $(UV) pip install -q --link-mode=copy --python $(PY) $(1); \
+	else $(PIP) install $(1); fi
 
 # No machine here reaches the Hugging Face hub: never let a library try.
 export HF_HUB_OFFLINE := 1
