@@ -75,6 +75,7 @@ _LOADING_FIELDS = (
     "draft_device",
     "dtype",
     "draft_precision",
+    "target_precision",
     "model_kwargs",
     "draft_model_kwargs",
     "tokenizer_kwargs",
@@ -164,6 +165,11 @@ class RapidParams(BaseModel):
     """Draft with a cheaper copy: "bfloat16", "float16", "int8-weight", "int4-weight" (CPU) or
     "int8"; outputs stay exact. Unset ("auto"): an int4 copy of a bf16 self-draft on a CPU,
     else the draft as loaded ("none")."""
+
+    target_precision: str | None = None
+    """Verify with a copy of the target: "int4-weight" (CPU, bf16), 4-bit weights in groups
+    of 32, a slightly different model whose own output is then followed (a self-draft shares
+    it). Unset ("auto") or "none": the target as loaded."""
 
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the target's `from_pretrained`: device_map (incl. "auto"),

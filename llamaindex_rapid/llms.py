@@ -105,7 +105,7 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
 
     Pass a ready `engine`, or the models to load on first use: `model` (the target),
     `draft_model` (None: self-speculation), `tokenizer`, with `device`, `dtype`, `draft_device`,
-    `draft_precision`, `model_kwargs`, `draft_model_kwargs`, `tokenizer_kwargs`; with neither,
+    `draft_precision`, `target_precision`, `model_kwargs`, `draft_model_kwargs`, `tokenizer_kwargs`; with neither,
     the embedded SmolLM2-135M-Instruct is used. Generation settings are fields of their own
     (`max_new_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`, `eta`,
     `gamma`, `seed`, `stop`), `rapid_config` holds any other `RapidConfig` field, and
@@ -174,6 +174,7 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         draft_device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
         draft_precision: str | None = None,
+        target_precision: str | None = None,
         model_kwargs: dict[str, Any] | None = None,
         draft_model_kwargs: dict[str, Any] | None = None,
         tokenizer_kwargs: dict[str, Any] | None = None,
@@ -211,6 +212,7 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
             "draft_device": draft_device,
             "dtype": dtype,
             "draft_precision": draft_precision,
+            "target_precision": target_precision,
             "model_kwargs": _with_device_map(model_kwargs, device_map),
             "draft_model_kwargs": draft_model_kwargs or {},
             "tokenizer_kwargs": tokenizer_kwargs or {},

@@ -201,6 +201,7 @@ class LoadSpec:
     draft_device: Any = None
     dtype: Any = None
     draft_precision: str | None = None
+    target_precision: str | None = None
     model_kwargs: Mapping[str, Any] = field(default_factory=dict)
     draft_model_kwargs: Mapping[str, Any] = field(default_factory=dict)
     tokenizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -224,6 +225,7 @@ class LoadSpec:
             "draft_device": self.draft_device,
             "dtype": self.dtype,
             "draft_precision": self.draft_precision,
+            "target_precision": self.target_precision,
             "model_kwargs": dict(self.model_kwargs) or None,
             "draft_model_kwargs": dict(self.draft_model_kwargs) or None,
             "tokenizer_kwargs": dict(self.tokenizer_kwargs) or None,
@@ -288,6 +290,7 @@ class LoadSpec:
             "draft_model": None if self.draft_model is None else model_name(self.draft_model),
             "dtype": None if self.dtype is None else str(self.dtype),
             "draft_precision": self.draft_precision,
+            "target_precision": self.target_precision,
             "model_kwargs": _plain(self.model_kwargs),
             "draft_model_kwargs": _plain(self.draft_model_kwargs),
         }

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .config import DRAFT_PRECISIONS, DTYPES, MODES, TRUNCATIONS, RapidConfig
+from .config import DRAFT_PRECISIONS, DTYPES, MODES, TARGET_PRECISIONS, TRUNCATIONS, RapidConfig
 from .demo_data import demo_messages
 from .errors import (
     ContextWindowExceededError,
@@ -239,6 +239,12 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         "--draft-precision",
         choices=DRAFT_PRECISIONS,
         help="draft with a cheaper copy of the draft (int8-weight / int4-weight: weight-only)",
+    )
+    p.add_argument(
+        "--target-precision",
+        choices=TARGET_PRECISIONS,
+        help="verify with a copy of the target (int4-weight: 4-bit weights, another model; "
+        "docs/performance.md, An int4 target)",
     )
     p.add_argument("--max-new-tokens", type=int, help="answer cap of QA runs")
     p.add_argument("--speed-tokens", type=int, help="tokens decoded by speed-only runs")
@@ -497,6 +503,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         model=args.model,
         draft=args.draft,
         draft_precision=args.draft_precision,
+        target_precision=args.target_precision,
         dtype=args.dtype,
         device=args.device,
         seed=args.seed,

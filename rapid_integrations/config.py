@@ -21,6 +21,7 @@ RetrievalFallback = Literal["builtin", "lc", "raise"]
 DtypeName = Literal["auto", "bfloat16", "float16", "float32"]
 DraftCopy = Literal["bfloat16", "float16", "int8", "int8-weight", "int4-weight"]
 DraftPrecision = Literal["auto", "none", DraftCopy]
+TargetPrecision = Literal["auto", "none", "int4-weight"]
 MODES: tuple[str, ...] = get_args(Mode)
 RESIDUALS: tuple[str, ...] = get_args(Residual)
 TAIL_GUARDS: tuple[str, ...] = get_args(TailGuard)
@@ -29,6 +30,7 @@ RETRIEVAL_FALLBACKS: tuple[str, ...] = get_args(RetrievalFallback)
 DTYPES: tuple[str, ...] = get_args(DtypeName)
 DRAFT_COPIES: tuple[str, ...] = get_args(DraftCopy)
 DRAFT_PRECISIONS: tuple[str, ...] = get_args(DraftPrecision)
+TARGET_PRECISIONS: tuple[str, ...] = get_args(TargetPrecision)
 MAX_TOP_LOGPROBS = 20
 """The most alternatives `top_logprobs` may ask for per token (OpenAI's own cap)."""
 

@@ -26,7 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .attention import use_rapid_attention
 from .call_options import ENGINE_RETRIEVER, CallOptions
-from .config import DRAFT_PRECISIONS, Mode, RapidConfig, check_choice
+from .config import DRAFT_PRECISIONS, TARGET_PRECISIONS, Mode, RapidConfig, check_choice
 from .constraints import Constraints
 from .drafting import LookupFirst, LookupProposer, ModelProposer, Proposer
 from .errors import (
@@ -47,6 +47,7 @@ from .models import (
     load_model,
     load_tokenizer,
     lower_precision_copy,
+    target_precision_for,
 )
 from .outputs import Delta, FinishReason, RapidOutput, RapidStats, RapidStream
 from .prefix_cache import PrefixCache
@@ -57,7 +58,7 @@ from .tokens import Prompt, encode_prompt, is_chat, stop_token_ids
 from .tools import Tools, prepare_messages
 from .verify import verdict
 
-_DRAFT_OPTIONS = ("draft_device", "draft_precision", "draft_model_kwargs")
+_DRAFT_OPTIONS = ("draft_device", "draft_precision", "draft_model_kwargs", "target_precision")
 """Constructor arguments `from_default` passes through beside the `RapidConfig` fields."""
 
 if TYPE_CHECKING:
@@ -183,6 +184,13 @@ class RapidEngine:
     "int4-weight" for self-speculation of a bf16 model on a CPU, where it was measured to pay
     (docs/performance.md, "int4 groups of 32: the default draft on the CPU"), else "none";
     `engine.draft_precision` says which was chosen.
+    target_precision (one of `config.TARGET_PRECISIONS`): "int4-weight" (CPU, bf16) verifies
+    with an int4 copy of the target, every Linear but the output head in 4-bit codes with a
+    scale and offset per 32 input channels: a slightly different model, whose own output the
+    engine then follows (on the embedded Q4_1 model the codes are the GGUF's;
+    docs/performance.md, "An int4 target"). Under self-speculation the draft is that copy too
+    (draft_precision "auto" or "none"). "none" and "auto" (the default) verify with the target
+    as loaded; `engine.target_precision` says which was chosen.
     Models that use SDPA are switched to `attention.rapid_attention`, the same math without
     copying the grouped-query KV cache on verify passes.
     Every argument is checked before any weights load: bad values raise `RapidConfigError`.
@@ -201,6 +209,7 @@ class RapidEngine:
         dtype: str | torch.dtype | None = None,
         draft_tokenizer: PreTrainedTokenizerBase | str | os.PathLike[str] | None = None,
         draft_precision: str | None = "auto",
+        target_precision: str | None = "auto",
         model_kwargs: dict[str, Any] | None = None,
         draft_model_kwargs: dict[str, Any] | None = None,
         tokenizer_kwargs: dict[str, Any] | None = None,
@@ -213,6 +222,7 @@ class RapidEngine:
             draft_device=draft_device,
             dtype=dtype,
             draft_precision=draft_precision,
+            target_precision=target_precision,
             model_kwargs=model_kwargs,
             draft_model_kwargs=draft_model_kwargs,
             tokenizer_kwargs=tokenizer_kwargs,
@@ -228,6 +238,11 @@ class RapidEngine:
         draft_tokenizer = load_tokenizer(draft_tokenizer, tokenizer_kwargs, "draft_tokenizer")
 
         self.target, loaded_tok = load_model(target, options)
+        self.target_precision = target_precision_for(self.target, target_precision or "auto")
+        if self.target_precision != "none":
+            self.target = lower_precision_copy(
+                self.target, self.target_precision, "target_precision"
+            )
         found = tokenizer or loaded_tok
         if found is None:
             raise RapidInputError("no tokenizer found for the target model; pass tokenizer=")
@@ -236,9 +251,10 @@ class RapidEngine:
             self.draft, draft_tok = self.target, None
         else:
             self.draft, draft_tok = load_model(draft, draft_options)
-        # The copy the draft runs as ("none": as loaded), what "auto" chose included.
+        # The copy the draft runs as ("none": as loaded), what "auto" chose included; a
+        # self-draft of a lower-precision target shares that copy ("auto" is "none" there).
         self.draft_precision = draft_precision_for(
-            self.draft, draft_precision or "auto", self_draft
+            self.draft, draft_precision or "auto", self_draft and self.target_precision == "none"
         )
         if self.draft_precision != "none":
             self.draft = lower_precision_copy(self.draft, self.draft_precision)
@@ -273,7 +289,8 @@ class RapidEngine:
         """An engine on the embedded SmolLM2-135M-Instruct (self-speculation unless `draft`).
 
         `options` are `RapidConfig` fields, plus the constructor's draft_device,
-        draft_precision and draft_model_kwargs; all are checked before the model loads."""
+        draft_precision, draft_model_kwargs and target_precision; all are checked before the
+        model loads."""
         engine_args = {k: options.pop(k) for k in _DRAFT_OPTIONS if k in options}
         config, _, _ = _check_arguments(
             draft is None,
@@ -714,6 +731,7 @@ def _check_arguments(
     draft_device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     draft_precision: str | None = None,
+    target_precision: str | None = None,
     model_kwargs: Mapping[str, Any] | None = None,
     draft_model_kwargs: Mapping[str, Any] | None = None,
     tokenizer_kwargs: Mapping[str, Any] | None = None,
@@ -746,7 +764,36 @@ def _check_arguments(
                 "cannot copy a device-mapped or quantized model; quantize the draft with "
                 "draft_model_kwargs instead",
             )
+    _check_target_precision(self_draft, target_precision, draft_precision, options)
     return config, options, draft_options
+
+
+def _check_target_precision(
+    self_draft: bool,
+    target_precision: str | None,
+    draft_precision: str | None,
+    options: LoadOptions,
+) -> None:
+    """`RapidConfigError("target_precision")` for a value not in `TARGET_PRECISIONS` or a
+    target that cannot be copied; `RapidConfigError("draft_precision")` for a self-draft asked
+    to run as another copy than a lower-precision target's own."""
+    if target_precision is None:
+        return
+    check_choice("target_precision", target_precision, TARGET_PRECISIONS)
+    if target_precision in ("auto", "none"):
+        return
+    if options.places_model:
+        raise RapidConfigError(
+            "target_precision",
+            "cannot copy a device-mapped or quantized target; load it with its own "
+            "quantization_config in model_kwargs instead",
+        )
+    if self_draft and draft_precision not in (None, "auto", "none"):
+        raise RapidConfigError(
+            "draft_precision",
+            f"under self-speculation the draft is the {target_precision!r} target itself; "
+            "leave draft_precision 'auto' (or 'none'), or pass a separate draft model",
+        )
 
 
 def logits_device(model: PreTrainedModel) -> torch.device:

@@ -321,14 +321,30 @@ def draft_precision_for(draft: PreTrainedModel, precision: str, self_draft: bool
     return "int4-weight" if measured and has_kernel(INT4_KERNEL, draft.device) else "none"
 
 
-def lower_precision_copy(model: PreTrainedModel, precision: str) -> PreTrainedModel:
-    """A cheaper copy of `model` to draft with. Only the target's verdict decides what is
-    emitted, so a less precise draft costs acceptance, never exactness.
+def target_precision_for(target: PreTrainedModel, precision: str) -> str:
+    """The copy the target verifies with (one of `config.TARGET_PRECISIONS` but "auto"):
+    "int4-weight" or "none" (the target as loaded). "auto" is "none": an int4 target is a
+    slightly different model (its weights in 4-bit codes, a scale and offset per 32 input
+    channels, as bf16 rounds them: docs/performance.md, "An int4 target"), and every output
+    follows the target, so that change is asked for, never made by default. `target` is
+    unused today: the argument keeps the call shaped like `draft_precision_for`."""
+    del target
+    return "none" if precision == "auto" else precision
+
+
+def lower_precision_copy(
+    model: PreTrainedModel, precision: str, name: str = "draft_precision"
+) -> PreTrainedModel:
+    """A cheaper copy of `model` to draft with (`name` "draft_precision") or, as
+    "int4-weight" only, to verify with (`name` "target_precision": errors name it). Only the
+    target's verdict decides what is emitted, so a less precise draft costs acceptance, never
+    exactness; a less precise target is another model, whose own output the engine then follows.
 
     "bfloat16" / "float16": a cast. "int8-weight": weight-only int8 with per-output-channel
     scales on every Linear, the output head too (a tied head gets an int8 copy). "int4-weight":
     weight-only int4 with a scale and offset per 32 input channels on every Linear but the
-    output head (CPU only). Both keep activations in the model's dtype, and on torch's CPU
+    output head (CPU only; on weights already on such a grid, as a Q4_1 GGUF's are, it keeps
+    their codes exactly). Both keep activations in the model's dtype, and on torch's CPU
     kernels (`weight_only.py`) the copy shares every weight it does not quantize with `model`
     (the input embeddings, norms, a kept head). "int8": torch's dynamic quantization of every
     Linear (CPU), which also quantizes activations to int8 with one scale per tensor: measured
@@ -341,15 +357,15 @@ def lower_precision_copy(model: PreTrainedModel, precision: str) -> PreTrainedMo
 
     import torch
 
-    check_choice("draft_precision", precision, DRAFT_COPIES)
+    check_choice(name, precision, DRAFT_COPIES)
     if places_itself(model):
         raise RapidConfigError(
-            "draft_precision",
+            name,
             "a quantized or device-mapped model cannot be copied into another precision; load "
-            "the draft with its own quantization_config or dtype in draft_model_kwargs",
+            "it with its own quantization_config or dtype in its model_kwargs",
         )
     if precision in ("int8-weight", "int4-weight"):
-        return _weight_only(model, precision).eval()
+        return _weight_only(model, precision, name).eval()
     clone = copy.deepcopy(model)
     if precision != "int8":
         return clone.to(resolve_dtype(precision, model.device)).eval()  # type: ignore[arg-type]  # python/typeshed#10653
@@ -360,10 +376,11 @@ def lower_precision_copy(model: PreTrainedModel, precision: str) -> PreTrainedMo
         return quantize_dynamic(clone.float(), {torch.nn.Linear}, dtype=torch.qint8).eval()
 
 
-def _weight_only(model: PreTrainedModel, precision: str) -> PreTrainedModel:
+def _weight_only(model: PreTrainedModel, precision: str, name: str) -> PreTrainedModel:
     """A copy of `model` with weight-only int8 (every Linear) or int4 (every Linear but the
     output head) weights: on torch's own kernel where it has one (`weight_only.py`), sharing
-    the weights it leaves as they are; else int8 as torchao's tensor, and int4 not at all."""
+    the weights it leaves as they are; else int8 as torchao's tensor, and int4 not at all
+    (`RapidConfigError(name)`)."""
     import copy
 
     from .weight_only import (
@@ -385,9 +402,9 @@ def _weight_only(model: PreTrainedModel, precision: str) -> PreTrainedModel:
         return clone
     if int4:
         raise RapidConfigError(
-            "draft_precision",
-            f"'int4-weight' runs on the CPU only (this draft is on {model.device.type}); "
-            "load the draft quantized instead, with a quantization_config in draft_model_kwargs",
+            name,
+            f"'int4-weight' runs on the CPU only (this model is on {model.device.type}); "
+            "load it quantized instead, with a quantization_config in its model_kwargs",
         )
     return _torchao_int8(copy.deepcopy(model))
 

@@ -31,7 +31,7 @@ import transformers
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from ..config import DRAFT_PRECISIONS, RapidConfig, check_choice
+from ..config import DRAFT_PRECISIONS, TARGET_PRECISIONS, RapidConfig, check_choice
 from ..engine import RapidEngine
 from ..errors import RapidConfigError
 from ..models import LoadOptions, ensure_default_model, load_model, resolve_dtype
@@ -123,6 +123,7 @@ class BenchSettings:
     model: str | None = None
     draft: str | None = None
     draft_precision: str | None = None
+    target_precision: str | None = None
     dtype: str = "auto"
     device: str | None = None
     seed: int = 0
@@ -160,6 +161,8 @@ class BenchSettings:
         _require("chunk_sizes", self.chunk_sizes and min(self.chunk_sizes) >= 1, "sizes >= 1")
         if self.draft_precision is not None:
             check_choice("draft_precision", self.draft_precision, DRAFT_PRECISIONS)
+        if self.target_precision is not None:
+            check_choice("target_precision", self.target_precision, TARGET_PRECISIONS)
         presets = [n for n in ("quick", "long", "eta_sweep", "prefill") if getattr(self, n)]
         _require("preset", len(presets) <= 1, f"one preset at most, got {presets}")
         broad_ok = self.suite != "broad" or not (self.long or self.eta_sweep or self.prefill)
@@ -358,6 +361,7 @@ def run_bench(settings: BenchSettings) -> Path:
         "dtype": str(dtype).removeprefix("torch."),
         "dtype_probe_seconds": probe_seconds,
         "draft_precision": engine.draft_precision,
+        "target_precision": engine.target_precision,
         "memory_model": memory_model(engine.target, dtype),
         "default_eta": DEFAULT_ETA,
     }
@@ -439,7 +443,7 @@ def _qa_engine(
         dtype, probe_seconds = choose_dtype(target, device)
         if draft is not None:
             draft.to(dtype)
-    engine = RapidEngine(target, draft, tokenizer, draft_precision=settings.draft_precision)
+    engine = RapidEngine(target, draft, tokenizer, **_precisions(settings))
     return engine, dtype, probe_seconds
 
 
@@ -454,8 +458,15 @@ def _rope_engine(
         "rope_type": rope_type,
         "factor": factor,
     }
-    precision = session.settings.draft_precision
-    return RapidEngine(model, tokenizer=engine.tokenizer, draft_precision=precision)
+    return RapidEngine(model, tokenizer=engine.tokenizer, **_precisions(session.settings))
+
+
+def _precisions(settings: BenchSettings) -> dict[str, str | None]:
+    """The engine's draft_precision and target_precision arguments `settings` ask for."""
+    return {
+        "draft_precision": settings.draft_precision,
+        "target_precision": settings.target_precision,
+    }
 
 
 def _engine_for(session: _Session, engine: RapidEngine, task: Task) -> RapidEngine:
