@@ -238,7 +238,7 @@ class RapidEngine:
         draft_tokenizer = load_tokenizer(draft_tokenizer, tokenizer_kwargs, "draft_tokenizer")
 
         self.target, loaded_tok = load_model(target, options)
-        self.target_precision = target_precision_for(self.target, target_precision or "auto")
+        self.target_precision = target_precision_for(target_precision or "auto")
         if self.target_precision != "none":
             self.target = lower_precision_copy(
                 self.target, self.target_precision, "target_precision"

@@ -321,14 +321,12 @@ def draft_precision_for(draft: PreTrainedModel, precision: str, self_draft: bool
     return "int4-weight" if measured and has_kernel(INT4_KERNEL, draft.device) else "none"
 
 
-def target_precision_for(target: PreTrainedModel, precision: str) -> str:
+def target_precision_for(precision: str) -> str:
     """The copy the target verifies with (one of `config.TARGET_PRECISIONS` but "auto"):
     "int4-weight" or "none" (the target as loaded). "auto" is "none": an int4 target is a
     slightly different model (its weights in 4-bit codes, a scale and offset per 32 input
     channels, as bf16 rounds them: docs/performance.md, "An int4 target"), and every output
-    follows the target, so that change is asked for, never made by default. `target` is
-    unused today: the argument keeps the call shaped like `draft_precision_for`."""
-    del target
+    follows the target, so that change is asked for, never made by default."""
     return "none" if precision == "auto" else precision
 
 

@@ -127,6 +127,7 @@ def test_model_object_loads_its_engine_once_on_first_call(
         ({"rapid_config": {"bogus": 1}}, RapidConfigError, "bogus: unknown RapidConfig field"),
         ({"rapid_config": {"eta": 1.0}}, RapidConfigError, "the field of the same name"),
         ({"draft_precision": "int4"}, RapidConfigError, "draft_precision: must be"),
+        ({"target_precision": "int4"}, RapidConfigError, "target_precision: must be"),
         ({"draft_device": "cpu"}, RapidConfigError, "draft_device: applies to a separate"),
         ({"dtype": "float8"}, RapidConfigError, "dtype: "),
         ({"model_kwargs": ["x"]}, ValidationError, "valid dictionary"),
@@ -188,6 +189,8 @@ def test_cache_key_holds_the_retriever_and_the_draft_settings(tiny_engine: Rapid
         loaded != ChatRapid(model="m", draft_model="d", draft_precision="int8")._identifying_params
     )
     assert loaded != ChatRapid(model="m", draft_model="e")._identifying_params
+    int4 = ChatRapid(model="m", draft_model="d", target_precision="int4-weight")
+    assert loaded != int4._identifying_params
     quantized = ChatRapid(model="m", model_kwargs={"load_in_8bit": True})._identifying_params
     assert loaded != quantized
 

@@ -124,6 +124,7 @@ def test_constructing_loads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"stopping_ids": [2]}, "stopping_ids"),
         ({"timeout": 0}, "timeout"),
         ({"draft_precision": "int4"}, "draft_precision"),
+        ({"target_precision": "int4"}, "target_precision"),
         ({"api_key": "x"}, "api_key"),
         ({"temprature": 0.5}, "temprature"),
     ],

@@ -71,15 +71,35 @@ def _q4_1_weight(rows: int, cols: int) -> torch.Tensor:
     return torch.from_numpy(gguf.quants.dequantize(blocks, kind)).float()
 
 
+def _read_back(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` [out, in] float32 through an int4 copy and the kernel, in float32."""
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+    return Int4WeightLinear(linear)(torch.eye(weight.shape[1])).T.detach()
+
+
 def test_int4_codes_of_q4_1_weights_give_back_those_weights_exactly():
     """On weights de-quantized from Q4_1 blocks the int4 copy's per-32 (min, max) grid is the
     blocks' own: read back through the kernel in float32, every weight is bit-identical."""
     weight = _q4_1_weight(48, 4 * GROUP)
-    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
-    with torch.no_grad():
-        linear.weight.copy_(weight)
-    stored = Int4WeightLinear(linear)(torch.eye(weight.shape[1])).T.detach()
-    assert torch.equal(stored, weight)
+    assert torch.equal(_read_back(weight), weight)
+
+
+@pytest.mark.slow
+def test_the_embedded_models_int4_copy_holds_its_gguf_weights_exactly():
+    """The cached float32 weights of the embedded model (de-quantized from its Q4_1 GGUF) come
+    back bit for bit from the int4 copy, in the first and last layers' every Linear."""
+    from safetensors.torch import load_file
+
+    from rapid_integrations.models import ensure_default_model
+
+    weights = load_file(ensure_default_model() / "model.safetensors")
+    layers = ("model.layers.0.", f"model.layers.{sum('q_proj' in n for n in weights) - 1}.")
+    names = [n for n in weights if n.startswith(layers) and n.endswith("proj.weight")]
+    assert len(names) == 14
+    for name in names:
+        assert torch.equal(_read_back(weights[name].float()), weights[name]), name
 
 
 def test_bad_target_precisions_are_refused_before_loading(tok):
