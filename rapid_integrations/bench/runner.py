@@ -443,7 +443,13 @@ def _qa_engine(
         dtype, probe_seconds = choose_dtype(target, device)
         if draft is not None:
             draft.to(dtype)
-    engine = RapidEngine(target, draft, tokenizer, **_precisions(settings))
+    engine = RapidEngine(
+        target,
+        draft,
+        tokenizer,
+        draft_precision=settings.draft_precision,
+        target_precision=settings.target_precision,
+    )
     return engine, dtype, probe_seconds
 
 
@@ -458,15 +464,13 @@ def _rope_engine(
         "rope_type": rope_type,
         "factor": factor,
     }
-    return RapidEngine(model, tokenizer=engine.tokenizer, **_precisions(session.settings))
-
-
-def _precisions(settings: BenchSettings) -> dict[str, str | None]:
-    """The engine's draft_precision and target_precision arguments `settings` ask for."""
-    return {
-        "draft_precision": settings.draft_precision,
-        "target_precision": settings.target_precision,
-    }
+    settings = session.settings
+    return RapidEngine(
+        model,
+        tokenizer=engine.tokenizer,
+        draft_precision=settings.draft_precision,
+        target_precision=settings.target_precision,
+    )
 
 
 def _engine_for(session: _Session, engine: RapidEngine, task: Task) -> RapidEngine:
