@@ -7,6 +7,11 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# `make test` runs one pytest-xdist worker per core (docs/reliability.md, "Running the tests"):
+# each worker, and the subprocesses its tests start, keeps to one torch thread. Two workers of
+# two threads on two cores collapse: torch's OpenMP threads busy-wait for each other.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 import torch
@@ -17,6 +22,8 @@ from tests.tiny import char_tokenizer, tiny_llama
 # The same examples on every run: a property test may not pass or fail by luck in CI.
 settings.register_profile("deterministic", derandomize=True, deadline=None)
 settings.load_profile("deterministic")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)  # were torch imported before this file, the variable came too late
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +32,8 @@ def one_thread():
     waiting: 30 times slower on a busy machine). Every module whose tests run tiny models uses
     it (`pytestmark`); those on the embedded models keep torch's pool, which their matrices fill.
     Module-wide, so that a module's shared engines and expected outputs come from the same
-    thread count as its tests (float32 sums reduce in another order on another count)."""
+    thread count as its tests (float32 sums reduce in another order on another count). Under
+    pytest-xdist every worker already has one thread, and this changes nothing."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -105,7 +105,10 @@ def test_empty_prompts_raise_input_errors(engine: RapidEngine, entry: str, promp
 @pytest.mark.parametrize(
     "entry", ["engine.generate", "engine.stream", "llamaindex RapidLLM.complete"]
 )
-@pytest.mark.parametrize("prompt", [3.5, None, b"abc", [1.5], object()], ids=repr)
+# object()'s own repr holds its address: pytest-xdist's workers must collect the same ids.
+@pytest.mark.parametrize(
+    "prompt", [3.5, None, b"abc", [1.5], pytest.param(object(), id="object()")], ids=repr
+)
 def test_prompts_of_the_wrong_type_raise_input_errors(
     engine: RapidEngine, entry: str, prompt: object
 ) -> None:

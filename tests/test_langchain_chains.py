@@ -60,7 +60,7 @@ def _check_rag(ns: dict[str, Any]) -> dict[str, Any]:
         "rapid_acceptance_rate": round(rapid["acceptance_rate"], 3),
         "rapid_decode_tokens_per_second": round(rapid["decode_tokens_per_second"], 2),
         "lc_decode_tokens_per_second": round(alone["decode_tokens_per_second"], 2),
-        "lc_answer": ns["target_alone"]["answer"],
+        "lc_answer": str(ns["target_alone"]["answer"]),  # .text is a str subclass xdist cannot send
     }
     return report
 
