@@ -50,10 +50,13 @@ test: setup
 test-fast: setup
 	$(PYTEST) -m "not slow"
 
+# mypy's cache lives beside the model cache, not in the clone: it is keyed by file contents, so
+# a fresh clone re-checks only what changed (seconds instead of a minute and a half).
+MYPY_CACHE_DIR ?= $(HOME)/.cache/rapid-integrations/mypy
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy  # the three packages, as [tool.mypy] in pyproject.toml lists them
+	MYPY_CACHE_DIR=$(MYPY_CACHE_DIR) $(VENV)/bin/mypy  # the packages [tool.mypy] lists
 
 bench-quick: setup
 	$(VENV)/bin/rapid bench --quick --out bench-out

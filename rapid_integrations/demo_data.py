@@ -20,6 +20,14 @@ def demo_document() -> str:
     )
 
 
+def demo_excerpt(chars: int = 6000) -> str:
+    """About `chars` characters of the bundled document centred on its field note (6000
+    characters are about 1.7K tokens): the same question at a third of the prefill."""
+    document = demo_document()
+    at = document.index(ANSWER_KEYWORD)
+    return document[max(0, at - chars // 2) : at + chars // 2]
+
+
 def demo_messages(
     document: str, question: str = QUESTION, system: str = SYSTEM_PROMPT
 ) -> list[dict[str, str]]:

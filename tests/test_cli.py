@@ -16,7 +16,8 @@ from rapid_integrations.cli import (
     EXIT_USAGE,
     main,
 )
-from rapid_integrations.demo import ANSWER_KEYWORD, QUESTION, demo_document
+from rapid_integrations.demo import ANSWER_KEYWORD, QUESTION
+from rapid_integrations.demo_data import demo_excerpt
 
 
 @pytest.fixture(autouse=True)
@@ -161,10 +162,8 @@ def test_console_script_exit_code():
 
 @pytest.mark.slow
 def test_ask_with_the_embedded_model(tmp_path, capsys):
-    document = demo_document()
-    at = document.index(ANSWER_KEYWORD)
     path = tmp_path / "notes.txt"
-    path.write_text(document[max(0, at - 3000) : at + 3000])
+    path.write_text(demo_excerpt())
     argv = ["ask", str(path), "-q", QUESTION, "--max-new-tokens", "40", "--json", "--no-progress"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)

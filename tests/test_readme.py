@@ -1,7 +1,9 @@
 """The README's examples of the engine, LangChain and LlamaIndex, run as written on the embedded
 SmolLM2 (slow). Each asks the bundled document's question and must answer it from the document,
-the text ending before the "\\n\\n" stop string it sets. The README's "Serve" section runs
-against a live server in tests/test_serve_clients.py.
+the text ending before the "\\n\\n" stop string it sets. `demo_document` gives them the
+excerpt around the answer (`demo_excerpt`, a third of the prefill): what they test is the
+examples' code; the whole document is `make demo`'s and the benchmark's (docs/benchmarks.md).
+The README's "Serve" section runs against a live server in tests/test_serve_clients.py.
 """
 
 from __future__ import annotations
@@ -10,10 +12,17 @@ from typing import Any
 
 import pytest
 
+from rapid_integrations import demo_data
 from rapid_integrations.demo_data import ANSWER_KEYWORD
 from tests.doc_examples import DOCS, python_sections
 
 SECTIONS = dict(python_sections(DOCS.parent / "README.md"))
+
+
+@pytest.fixture(autouse=True)
+def _excerpt(monkeypatch: pytest.MonkeyPatch) -> None:
+    excerpt = demo_data.demo_excerpt()
+    monkeypatch.setattr(demo_data, "demo_document", lambda: excerpt)
 
 
 def _run(section: str) -> dict[str, Any]:
