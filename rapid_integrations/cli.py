@@ -232,7 +232,9 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", type=_words, help="lc,rag,sd,rapid,hf,hf-pld (--long too)")
     p.add_argument("--etas", type=_floats, help="eta values of rapid, e.g. 0,5,10")
     p.add_argument(
-        "--variants", type=_words, help="rapid variants the QA suite adds: no-lookup,paper,adaptive"
+        "--variants",
+        type=_words,
+        help="rapid variants the QA suite adds: no-lookup,paper,adaptive,draft-confidence",
     )
     p.add_argument("--variant-etas", type=_floats, help="eta values of the --variants")
     p.add_argument(

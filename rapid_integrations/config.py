@@ -16,6 +16,7 @@ from .errors import RapidConfigError
 Mode = Literal["rapid", "sd", "lc", "rag"]
 Residual = Literal["paper", "exact"]
 TailGuard = Literal["paper", "draft", "none"]
+EtaRule = Literal["fixed", "draft-confidence"]
 Truncation = Literal["error", "head_tail"]
 RetrievalFallback = Literal["builtin", "lc", "raise"]
 DtypeName = Literal["auto", "bfloat16", "float16", "float32"]
@@ -25,6 +26,7 @@ TargetPrecision = Literal["auto", "none", "int4-weight"]
 MODES: tuple[str, ...] = get_args(Mode)
 RESIDUALS: tuple[str, ...] = get_args(Residual)
 TAIL_GUARDS: tuple[str, ...] = get_args(TailGuard)
+ETA_RULES: tuple[str, ...] = get_args(EtaRule)
 TRUNCATIONS: tuple[str, ...] = get_args(Truncation)
 RETRIEVAL_FALLBACKS: tuple[str, ...] = get_args(RetrievalFallback)
 DTYPES: tuple[str, ...] = get_args(DtypeName)
@@ -65,6 +67,9 @@ class RapidConfig:
       tail_guard  "paper" (default): tokens with p_hat(v) < tail_ratio * max p_hat keep p(v);
                   "draft" (the authors' code): the shift is applied only where
                   q(v) >= tail_ratio * max q; "none": no guard.
+      eta_rule    "fixed" (default): every row shifts by eta; "draft-confidence": row i by
+                  eta * max_v q_i(v), strong where the draft is sure of its token, weak where
+                  it guesses (docs/algorithm.md section 2.3).
       top_k, min_p, repetition_penalty  transformers' sampling options (0, 0 and 1 = off),
                   applied identically to p and q (docs/algorithm.md section 9).
     end_guard   where the target's most likely token is end-of-sequence, p_hat = p (not in the
@@ -90,6 +95,7 @@ class RapidConfig:
     seed: int | None = None
     residual: Residual = "paper"
     tail_guard: TailGuard = "paper"
+    eta_rule: EtaRule = "fixed"
     tail_ratio: float = 0.1
     end_guard: bool = True
     confidence_guard: bool = True
@@ -221,6 +227,7 @@ _CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("seed", _optional(_int), "must be an integer or None"),
     ("residual", lambda v: v in RESIDUALS, one_of(RESIDUALS)),
     ("tail_guard", lambda v: v in TAIL_GUARDS, one_of(TAIL_GUARDS)),
+    ("eta_rule", lambda v: v in ETA_RULES, one_of(ETA_RULES)),
     ("tail_ratio", lambda v: _real(v) and 0 <= v < 1, "must be in [0, 1)"),
     ("ignore_eos", lambda v: isinstance(v, bool), "must be a bool"),
     ("end_guard", lambda v: isinstance(v, bool), "must be a bool"),

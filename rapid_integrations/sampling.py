@@ -87,11 +87,14 @@ def p_hat(
     eta: float,
     tail_guard: str = "paper",
     tail_ratio: float = 0.1,
+    eta_rule: str = "fixed",
 ) -> torch.Tensor:
-    """Retrieval-augmented target p_hat = softmax(log p + eta * (q - p)), shape [k, V].
+    """Retrieval-augmented target p_hat = softmax(log p + eta_i * (q - p)), shape [k, V].
 
-    `logp` are the target's log-probabilities (softmax(z/T) differs from z/T by a constant per
-    row, so this is softmax(z/T + eta (q - p))). Tail guards (docs/algorithm.md section 2.3):
+    logp, q: [k, V]. `logp` are the target's log-probabilities (softmax(z/T) differs from z/T
+    by a constant per row, so this is softmax(z/T + eta_i (q - p))). eta_i is `eta` on every
+    row ("fixed") or eta * max_v q_i(v) ("draft-confidence"): a function of the row's q alone,
+    so each row's p_hat is still one fixed law. Tail guards (docs/algorithm.md section 2.3):
       "paper": where p_hat(v) < tail_ratio * max p_hat, use p(v) instead; renormalize.
       "draft": apply the shift only where q(v) >= tail_ratio * max q (the authors' code).
       "none":  no guard.
@@ -101,7 +104,11 @@ def p_hat(
         return p
     # eta beyond the dtype's range would turn eta * 0 into NaN; the capped shift still
     # dominates every log-probability, which is the limit eta -> inf.
-    shift = min(eta, torch.finfo(logp.dtype).max) * (q - p)
+    strength = min(eta, torch.finfo(logp.dtype).max)
+    if eta_rule == "draft-confidence":
+        shift = strength * q.amax(dim=-1, keepdim=True) * (q - p)
+    else:
+        shift = strength * (q - p)
     if tail_guard == "draft":
         shift = shift * (q >= tail_ratio * q.amax(dim=-1, keepdim=True))
     out = torch.softmax(logp + shift, dim=-1)

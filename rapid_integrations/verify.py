@@ -61,7 +61,8 @@ def _augmented(
 ) -> torch.Tensor:
     """p_hat for the draft rows, confidence and end guards applied: logp, q [gamma, V] ->
     [gamma, V]."""
-    ph, p = p_hat(logp, q, cfg.eta, cfg.tail_guard, cfg.tail_ratio), logp.exp()
+    ph = p_hat(logp, q, cfg.eta, cfg.tail_guard, cfg.tail_ratio, cfg.eta_rule)
+    p = logp.exp()
     ph = confidence_guard(ph, p, q) if cfg.confidence_guard else ph
     return ph if end_ids is None else end_guard(ph, p, end_ids)
 

@@ -26,6 +26,7 @@ class Rules:
     tail_ratio: float = 0.1
     end_ids: tuple[int, ...] = ()  # end guard (section 2.4) on when non-empty
     confidence_guard: bool = False  # section 2.4: rows with max p >= max q keep p
+    eta_rule: str = "fixed"  # "fixed" | "draft-confidence" (eta_i = eta max_v q_i(v))
 
 
 def softmax(a: np.ndarray) -> np.ndarray:
@@ -62,7 +63,8 @@ def augmented(p: np.ndarray, q: np.ndarray, rules: Rules) -> np.ndarray:
     (section 2.4)."""
     with np.errstate(divide="ignore"):
         logp = np.log(p)
-    shift = rules.eta * (q - p)
+    eta = rules.eta * (q.max(axis=-1, keepdims=True) if rules.eta_rule != "fixed" else 1.0)
+    shift = eta * (q - p)
     if rules.tail_guard == "draft":
         shift = np.where(q >= rules.tail_ratio * q.max(axis=-1, keepdims=True), shift, 0.0)
     out = softmax(logp + shift)

@@ -30,6 +30,7 @@ BAD_VALUES = {
     "seed": [1.5, "x"],
     "residual": ["other"],
     "tail_guard": ["both"],
+    "eta_rule": ["confidence", 1],
     "tail_ratio": [1.0, -0.1],
     "ignore_eos": ["yes"],
     "end_guard": ["yes"],

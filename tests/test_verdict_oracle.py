@@ -124,6 +124,30 @@ def test_sampled_verdict_at_temperature_and_top_p(residual):
         assert_law(run_verdicts(z, x, q, cfg), oracle.step_law(z, x, q, rules))
 
 
+def test_draft_confidence_rule_scales_eta_by_the_drafts_top_probability():
+    """eta_rule="draft-confidence" (section 2.3): row i shifts by eta max_v q_i(v). Sampled
+    law against the oracle, on steps where that p_hat is far from both p and the fixed rule's."""
+    eta = 4.0
+    rules = oracle.Rules(eta, eta_rule="draft-confidence", confidence_guard=True)
+    fixed = oracle.Rules(eta, confidence_guard=True)
+    cfg = RapidConfig(eta=eta, temperature=1.0, eta_rule="draft-confidence")
+    for z, q, x in far_steps(rules):
+        p = oracle.target_p(z, 1.0, 1.0)[:GAMMA]
+        apart = oracle.total_variation(oracle.augmented(p, q, rules), oracle.augmented(p, q, fixed))
+        assert apart.max() > 0.05  # the rule is not the fixed eta in disguise
+        assert_law(run_verdicts(z, x, q, cfg), oracle.step_law(z, x, q, rules))
+    for seed in range(20):  # greedy: argmax of the rule's p_hat, token for token
+        z, q, _ = synthetic(seed)
+        greedy = oracle.Rules(eta, temperature=0.0, eta_rule="draft-confidence")
+        x = oracle.augmented(oracle.softmax(z[:GAMMA]), q, greedy).argmax(-1)
+        x[1] = (x[1] + 1) % V
+        want = oracle.greedy_step(z, x, q, greedy)
+        cfg0 = RapidConfig(
+            eta=eta, temperature=0.0, eta_rule="draft-confidence", confidence_guard=False
+        )
+        assert greedy_verdict(z, x, q, cfg0) == want == (1, want[1])
+
+
 def test_accepted_drafts_reach_the_bonus_row():
     """Drafts equal to argmax p_hat with a draft that agrees: most steps accept all gamma and
     emit the bonus token from p at row gamma (section 2.7), whose law the oracle pins."""

@@ -78,12 +78,14 @@ VARIANTS: dict[str, tuple[tuple[str, Any], ...]] = {
     "no-lookup": NO_LOOKUP,
     "adaptive+no-lookup": ADAPTIVE + NO_LOOKUP,
     "paper": (("confidence_guard", False),),
+    "draft-confidence": (("eta_rule", "draft-confidence"),),
 }
 """Named rapid variants (their `RapidConfig` overrides): `--long` runs the first three, and
 `--variants` adds any of them to the QA suite. `adaptive-again` is `adaptive` run right after
 it: the engine's next call at that length, which starts from the schedule the first left
 (docs/algorithm.md section 2.11). The lookup proposer is on by default, so `no-lookup`
-measures what it adds (section 2.10)."""
+measures what it adds (section 2.10). `draft-confidence` scales eta per row by the draft's top
+probability (section 2.3)."""
 
 
 @dataclass(frozen=True)
