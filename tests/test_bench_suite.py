@@ -326,3 +326,13 @@ def test_broad_test_half_runs_odd_seeds_and_scores_by_each_tasks_rule(
 def test_broad_only_flags_are_refused_without_the_broad_suite(flags, capsys):
     assert main(["bench", "--tiny-models", "--quick", *flags]) == 2  # not a standard run
     assert f"{flags[0]} need --suite broad" in capsys.readouterr().err
+
+
+def test_off_topic_passages_hold_no_answer_of_any_task(dev):
+    """The `off-topic` variant's C^S (bench/off_topic.py) holds none of a task's answers."""
+    from rapid_integrations.bench.off_topic import OffTopicRetriever
+
+    passages = " ".join(OffTopicRetriever().retrieve("any question"))
+    assert passages.strip()
+    for task in dev:
+        assert not any(ref in passages for ref in task.references), task.task_id

@@ -50,6 +50,7 @@ from .methods import (
     warm_up,
 )
 from .models import choose_dtype, load_rope_scaled, tiny_pair
+from .off_topic import OffTopicRetriever
 from .prefill import chunk_sizes_to_try, matmul_flops_per_second, prefill_rows
 from .probe import ForwardProbe
 from .report import write_report
@@ -79,13 +80,19 @@ VARIANTS: dict[str, tuple[tuple[str, Any], ...]] = {
     "adaptive+no-lookup": ADAPTIVE + NO_LOOKUP,
     "paper": (("confidence_guard", False),),
     "draft-confidence": (("eta_rule", "draft-confidence"),),
+    "off-topic": (("retriever", OffTopicRetriever()),),
+    "draft-confidence+off-topic": (
+        ("eta_rule", "draft-confidence"),
+        ("retriever", OffTopicRetriever()),
+    ),
 }
 """Named rapid variants (their `RapidConfig` overrides): `--long` runs the first three, and
 `--variants` adds any of them to the QA suite. `adaptive-again` is `adaptive` run right after
 it: the engine's next call at that length, which starts from the schedule the first left
 (docs/algorithm.md section 2.11). The lookup proposer is on by default, so `no-lookup`
 measures what it adds (section 2.10). `draft-confidence` scales eta per row by the draft's top
-probability (section 2.3)."""
+probability (section 2.3). `off-topic` retrieves fixed unrelated paragraphs instead of the
+document's (bench/off_topic.py): RAPID's accuracy with a useless C^S against lc's."""
 
 
 @dataclass(frozen=True)
