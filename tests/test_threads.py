@@ -121,3 +121,30 @@ def _wait_policy(env):
 def test_import_prefers_passive_wait_before_torch_loads():
     assert _wait_policy({"OMP_WAIT_POLICY": None}) == ["PASSIVE", "False"]
     assert _wait_policy({"OMP_WAIT_POLICY": "ACTIVE"}) == ["ACTIVE", "False"]
+
+
+def test_contention_summary_arithmetic():
+    from rapid_integrations.bench.contention import markdown, summary
+
+    def rec(policy, load, method, tokens, seconds):
+        return {
+            "context_label": 4096,
+            "method": method,
+            "policy": policy,
+            "load": load,
+            "new_tokens": tokens,
+            "decode_seconds": seconds,
+        }
+
+    records = [
+        rec("fixed", "solo", "lc", 100, 10.0),
+        rec("fixed", "busy", "lc", 100, 50.0),
+        rec("managed", "solo", "lc", 100, 10.5),
+        rec("managed", "busy", "lc", 60, 10.0),
+        rec("managed", "busy", "lc", 40, 10.0),  # pooled: 100 tokens in 20 s
+    ]
+    fixed, managed = summary(records)
+    assert fixed["policy"] == "fixed" and fixed["busy_over_solo"] == pytest.approx(0.2)
+    assert managed["busy_over_solo"] == pytest.approx(5.0 / (100 / 10.5))
+    assert managed["solo_over_fixed_solo"] == pytest.approx(10 / 10.5)
+    assert "| 4096 | lc | managed | 9.5 | 5.0 | 0.53 | 0.95 |" in markdown([fixed, managed])
