@@ -136,7 +136,10 @@ def child_main() -> None:
                         "new_tokens": s.new_tokens,
                         "decode_seconds": s.decode_seconds,
                         "torch_threads": torch.get_num_threads(),
-                        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                        # What OpenMP read when torch loaded (fixed: before the package set it).
+                        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")
+                        if policy == "managed"
+                        else "default",
                         "dtype": str(dtype).removeprefix("torch."),
                     }
                 )
