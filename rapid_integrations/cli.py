@@ -282,6 +282,11 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         help="only the cost of log probabilities per token (lc, rapid at 4K; off, on, "
         "top-20, p_hat)",
     )
+    only.add_argument(
+        "--contention",
+        action="store_true",
+        help="only decode speed of lc, rapid beside one busy process (fixed vs managed threads)",
+    )
     _common_options(p)
 
 
@@ -525,6 +530,13 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
         out = run_logprob_bench(settings, args.lengths or LENGTHS)
         print((out / "logprobs.md").read_text())
+        return EXIT_OK
+    if args.contention:
+        from .bench.contention import LENGTHS as CONTENTION_LENGTHS
+        from .bench.contention import run_contention_bench
+
+        out = run_contention_bench(settings, args.lengths or CONTENTION_LENGTHS)
+        print((out / "contention.md").read_text())
         return EXIT_OK
     out = run_bench(settings)
     results = json.loads((out / "results.json").read_text())

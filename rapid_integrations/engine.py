@@ -54,6 +54,7 @@ from .prefix_cache import PrefixCache
 from .schedule import GammaSchedule
 from .schedule_memory import ScheduleMemory, schedule_key
 from .sections import Gate, Sections, is_empty
+from .threads import configure_torch_threads
 from .tokens import Prompt, encode_prompt, is_chat, stop_token_ids
 from .tools import Tools, prepare_messages
 from .verify import verdict
@@ -227,6 +228,7 @@ class RapidEngine:
             draft_model_kwargs=draft_model_kwargs,
             tokenizer_kwargs=tokenizer_kwargs,
         )
+        configure_torch_threads()  # once per engine: torch's count is process-wide (threads.py)
         if tokenizer_kwargs and not (
             tokenizer is None
             or any(isinstance(t, (str, os.PathLike)) for t in (tokenizer, draft_tokenizer))

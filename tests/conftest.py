@@ -24,6 +24,9 @@ settings.register_profile("deterministic", derandomize=True, deadline=None)
 settings.load_profile("deterministic")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)  # were torch imported before this file, the variable came too late
+# Engines keep torch's count rather than one chosen by the machine's load (rapid_integrations/
+# threads.py): float32 sums reduce in another order on another count.
+os.environ.setdefault("RAPID_NUM_THREADS", str(torch.get_num_threads()))
 
 
 @pytest.fixture(scope="module")

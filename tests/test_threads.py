@@ -1,0 +1,150 @@
+"""The torch thread policy (rapid_integrations/threads.py) on fake cgroup files and loads."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rapid_integrations import threads
+from rapid_integrations.errors import RapidConfigError
+
+
+def _write(folder, **files):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name.replace("__", ".")).write_text(text)
+    return folder
+
+
+def test_cgroup_v2_quota_and_no_quota(tmp_path):
+    assert threads.cgroup_cpus(_write(tmp_path / "a", cpu__max="150000 100000\n")) == 1.5
+    assert threads.cgroup_cpus(_write(tmp_path / "b", cpu__max="max 100000\n")) is None
+    assert threads.cgroup_cpus(tmp_path / "none") is None
+
+
+def test_cgroup_v1_quota(tmp_path):
+    _write(tmp_path / "cpu", cpu__cfs_quota_us="200000\n", cpu__cfs_period_us="100000\n")
+    assert threads.cgroup_cpus(tmp_path) == 2.0
+    _write(tmp_path / "cpu", cpu__cfs_quota_us="-1\n")
+    assert threads.cgroup_cpus(tmp_path) is None
+
+
+def test_usable_cpus_is_affinity_capped_by_the_quota(tmp_path):
+    assert threads.usable_cpus({0, 1, 2, 3}, tmp_path) == 4
+    root = _write(tmp_path / "q", cpu__max="250000 100000")
+    assert threads.usable_cpus({0, 1, 2, 3}, root) == 2
+    assert threads.usable_cpus({0}, _write(tmp_path / "s", cpu__max="50000 100000")) == 1
+    assert threads.usable_cpus() == len(os.sched_getaffinity(0))
+
+
+def test_loadavg_rule_excludes_our_share():
+    assert threads.busy_cpus(load=1.1, own=0.0, usable=2, online=2) == 1
+    assert threads.busy_cpus(load=2.0, own=1.0, usable=2, online=2) == 1  # our own load
+    assert threads.busy_cpus(load=0.3, own=0.6, usable=2, online=2) == 0
+    assert threads.busy_cpus(load=8.0, own=0.0, usable=2, online=8) == 2  # scaled to ours
+    assert threads.pick_threads(2, 1) == 1
+    assert threads.pick_threads(2, 5) == 1
+    assert threads.pick_threads(4, 0) == 4
+    # Two CPUs' worth for one minute: the load average has reached 1 - 1/e of 2.
+    assert threads.own_load(120.0, 60.0) == pytest.approx(2 * (1 - math.exp(-1)))
+    assert threads.own_load(5.0, 0.0) == 0.0
+
+
+@pytest.mark.parametrize("raw", ["0", "-2", "two", "1.5"])
+def test_bad_env_value_names_the_variable(raw):
+    with pytest.raises(RapidConfigError, match=r"RAPID_NUM_THREADS.*positive integer or 'auto'"):
+        threads.env_threads({"RAPID_NUM_THREADS": raw})
+
+
+def test_env_values():
+    assert threads.env_threads({"RAPID_NUM_THREADS": " 3 "}) == 3
+    assert threads.env_threads({"RAPID_NUM_THREADS": "AUTO"}) is None
+    assert threads.env_threads({}) is None
+
+
+@pytest.fixture
+def restore_threads(monkeypatch):
+    before = torch.get_num_threads()
+    monkeypatch.setattr(threads, "_applied", None)
+    monkeypatch.setattr(threads, "torch_default_threads", lambda: before)
+    yield before
+    torch.set_num_threads(before)
+
+
+def test_override_sets_the_count(restore_threads):
+    choice = threads.configure_torch_threads({"RAPID_NUM_THREADS": "1"})
+    assert (torch.get_num_threads(), choice.reason) == (1, "RAPID_NUM_THREADS=1")
+    # Ours, not the user's: a second engine may set it again.
+    assert threads.configure_torch_threads({"RAPID_NUM_THREADS": "2"}).threads == 2
+
+
+def test_auto_pick_uses_the_load(restore_threads, monkeypatch):
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.2, 0.0, 0.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(threads, "_process_age", lambda: 0.0)  # no share of ours
+    assert threads.configure_torch_threads({}).threads == 1 == torch.get_num_threads()
+
+
+@pytest.mark.parametrize("name", threads.TORCH_ENV)
+def test_user_env_is_left_alone(restore_threads, name):
+    choice = threads.configure_torch_threads({name: "1", "RAPID_NUM_THREADS": "1"})
+    assert not choice.changed and torch.get_num_threads() == restore_threads
+    assert name in choice.reason
+
+
+def test_user_set_num_threads_is_left_alone(restore_threads, monkeypatch):
+    monkeypatch.setattr(threads, "torch_default_threads", lambda: restore_threads + 1)
+    choice = threads.configure_torch_threads({"RAPID_NUM_THREADS": "1"})
+    assert not choice.changed and torch.get_num_threads() == restore_threads
+    with pytest.raises(RapidConfigError):  # a bad value is reported even then
+        threads.configure_torch_threads({"RAPID_NUM_THREADS": "x"})
+
+
+def test_torch_default_is_one_per_core_here():
+    assert threads.torch_default_threads({0}) == 1
+    assert threads.torch_default_threads() >= 1
+
+
+def _wait_policy(env):
+    code = "import os, sys, rapid_integrations; print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)"
+    env = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def test_import_prefers_passive_wait_before_torch_loads():
+    assert _wait_policy({"OMP_WAIT_POLICY": None}) == ["PASSIVE", "False"]
+    assert _wait_policy({"OMP_WAIT_POLICY": "ACTIVE"}) == ["ACTIVE", "False"]
+
+
+def test_contention_summary_arithmetic():
+    from rapid_integrations.bench.contention import markdown, summary
+
+    def rec(policy, load, method, tokens, seconds):
+        return {
+            "context_label": 4096,
+            "method": method,
+            "policy": policy,
+            "load": load,
+            "new_tokens": tokens,
+            "decode_seconds": seconds,
+        }
+
+    records = [
+        rec("fixed", "solo", "lc", 100, 10.0),
+        rec("fixed", "busy", "lc", 100, 50.0),
+        rec("managed", "solo", "lc", 100, 10.5),
+        rec("managed", "busy", "lc", 60, 10.0),
+        rec("managed", "busy", "lc", 40, 10.0),  # pooled: 100 tokens in 20 s
+    ]
+    fixed, managed = summary(records)
+    assert fixed["policy"] == "fixed" and fixed["busy_over_solo"] == pytest.approx(0.2)
+    assert managed["busy_over_solo"] == pytest.approx(5.0 / (100 / 10.5))
+    assert managed["solo_over_fixed_solo"] == pytest.approx(10 / 10.5)
+    assert "| 4096 | lc | managed | 9.5 | 5.0 | 0.53 | 0.95 |" in markdown([fixed, managed])
