@@ -190,7 +190,7 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         dest="preset",
         action="store_const",
         const="long",
-        help="speed at 16K and 32K (YaRN), every decoding variant, with ceilings",
+        help="speed at 16K and 32K (YaRN), every decoding variant, with bounds",
     )
     presets.add_argument(
         "--eta-sweep",

@@ -37,7 +37,7 @@ from ..errors import RapidConfigError
 from ..models import LoadOptions, ensure_default_model, load_model, resolve_dtype
 from ..prompts import prepare_draft_prompt
 from ..tokens import encode_prompt
-from .ceiling import VERIFY_TOKENS, StepCosts, ceiling, pass_seconds
+from .bounds import Device, attach_bounds, read_bytes_per_second, weights_read_bytes, widest_pass
 from .dataset import CONTEXT_LENGTHS, TASK_KINDS, Task, build_tasks
 from .methods import (
     ENGINE_METHODS,
@@ -49,6 +49,7 @@ from .methods import (
     model_name,
     warm_up,
 )
+from .model_draft import VERIFY_TOKENS, StepCosts, best_model_draft, pass_seconds
 from .models import choose_dtype, load_rope_scaled, tiny_pair
 from .prefill import chunk_sizes_to_try, matmul_flops_per_second, prefill_rows
 from .probe import ForwardProbe
@@ -573,8 +574,8 @@ def _speed_suite(
     share_prefill: bool = False,
 ) -> None:
     """`methods` on `tasks`, each decoding exactly `speed_tokens` tokens, `rounds` times in
-    turn; then the step costs at each task's length and each record's ceiling
-    (`bench/ceiling.py`). Each round starts with no kept schedules, as a fresh engine would
+    turn; then the step costs at each task's length and each record's model-draft
+    speedup (`bench/model_draft.py`) and bounds (`bench/bounds.py`). Each round starts with no kept schedules, as a fresh engine would
     (docs/algorithm.md section 2.11): its first adaptive call measures afresh."""
     if not tasks:
         return
@@ -587,6 +588,7 @@ def _speed_suite(
     }
     if share_prefill:
         overrides["prefix_cache_bytes"] = LONG_CACHE_BYTES
+    device = _bounds_device(session, engine, methods)
     with ForwardProbe([engine.target, engine.draft]) as probe:
         settings = _Suite(suite, engine, probe, overrides, share_prefill)
         warm_up(engine, list(methods), probe)
@@ -597,17 +599,33 @@ def _speed_suite(
                 for i, method in enumerate(methods):
                     cold = i == 0 or not share_prefill
                     session.run(_Call(settings, method, task, retrieved, cold=cold, round=round_))
-            attach_ceilings(session.records, settings, task, retrieved)
+            attach_step_costs(session.records, settings, task, retrieved, device)
             session.save()
 
 
-def attach_ceilings(
-    records: list[dict[str, Any]], suite: _Suite, task: Task, retrieved: _Retrieved
+def _bounds_device(session: _Session, engine: RapidEngine, methods: Sequence[Method]) -> Device:
+    """What the bounds of a suite on `engine` read (`bench/bounds.py`); the read rate is
+    measured once per run, at the first speed suite."""
+    if "read_bytes_per_second" not in session.meta:
+        session.meta["read_bytes_per_second"] = read_bytes_per_second(session.device)
+    kv = memory_model(engine.target, session.dtype)["kv_bytes_per_token"]
+    rate = session.meta["read_bytes_per_second"]
+    widest = widest_pass(engine.config, methods)
+    return Device(weights_read_bytes(engine.target), kv, rate, widest)
+
+
+def attach_step_costs(
+    records: list[dict[str, Any]],
+    suite: _Suite,
+    task: Task,
+    retrieved: _Retrieved,
+    device: Device,
 ) -> None:
     """Time target, verify and draft passes at `task`'s length (reusing the prompt KV the runs
     left in the prefix cache) and give each of the task's records of `suite` its
-    `step_costs`, `achieved_speedup` (decode rate x target step) and, where it drafted,
-    `ceiling_speedup` and `ceiling_gamma` at its measured acceptance."""
+    `step_costs`, `achieved_speedup` (decode rate x target step), the bounds of
+    `bench/bounds.py` and, where it drafted, `model_draft_speedup` and `model_draft_gamma` at
+    its measured acceptance (not a bound: docs/algorithm.md section 2.12)."""
     engine = suite.engine
     ids = encode_prompt(task.messages, engine.tokenizer, engine.vocab_size)
     stored = suite.overrides.get("prefix_cache_bytes", engine.config.prefix_cache_bytes)
@@ -617,12 +635,12 @@ def attach_ceilings(
         engine.target, ids, engine.vocab_size, (1, *VERIFY_TOKENS), chunk=chunk, **cache
     )
     drafts: dict[str, float] = {}
-    for record in records:
-        if record["suite"] != suite.name or record["task_id"] != task.task_id:
-            continue
+    verify = tuple((k, target[k]) for k in VERIFY_TOKENS)
+    mine = [r for r in records if r["suite"] == suite.name and r["task_id"] == task.task_id]
+    for record in mine:
         rate = record["decode_tokens_per_second"]
         record["achieved_speedup"] = rate * target[1] if rate else None
-        record["ceiling_speedup"] = record["ceiling_gamma"] = None
+        record["model_draft_speedup"] = record["model_draft_gamma"] = None
         reads = record["method"] in ("sd", "rapid") and record["acceptance_rate"] is not None
         if not reads:
             record["step_costs"] = None
@@ -635,10 +653,11 @@ def attach_ceilings(
             drafts[which] = pass_seconds(
                 engine.draft, draft_ids, engine.vocab_size, (1,), chunk=chunk, **cache
             )[1]
-        costs = StepCosts(target[1], drafts[which], tuple((k, target[k]) for k in VERIFY_TOKENS))
+        costs = StepCosts(target[1], drafts[which], verify)
         record["step_costs"] = dataclasses.asdict(costs)
-        best, gamma = ceiling(costs, record["acceptance_rate"], max(VERIFY_TOKENS) - 1)
-        record["ceiling_speedup"], record["ceiling_gamma"] = best, gamma
+        best, gamma = best_model_draft(costs, record["acceptance_rate"], max(VERIFY_TOKENS) - 1)
+        record["model_draft_speedup"], record["model_draft_gamma"] = best, gamma
+    attach_bounds(mine, StepCosts(target[1], 0.0, verify), device)
 
 
 # ---- one measurement ------------------------------------------------------------------------
