@@ -254,6 +254,11 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         help="times speed-only runs repeat all their methods in turn (figures give the spread)",
     )
     p.add_argument("--speed-lengths", type=_ints, help="fixed-length speed runs ('' to skip)")
+    p.add_argument(
+        "--speed-kinds",
+        type=_words,
+        help="prompts of the speed-only runs and --long: single (default), rewrite (free-form)",
+    )
     p.add_argument("--rope-lengths", type=_ints, help="RoPE-scaled speed runs ('' to skip)")
     p.add_argument(
         "--no-tiny-speed",
@@ -497,6 +502,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         speed_tokens=args.speed_tokens,
         rounds=args.rounds,
         speed_lengths=args.speed_lengths,
+        speed_kinds=args.speed_kinds,
         rope_lengths=args.rope_lengths,
         tiny_speed=args.tiny_speed,
         tiny_models=args.tiny_models,

@@ -133,7 +133,7 @@ def test_the_speed_table_marks_a_row_over_a_bound():
 
     row = {
         "suite": "long",
-        "task": "all",
+        "task": "rewrite",
         "context_label": 16384,
         "label": "rapid eta=5",
         "context_tokens": 16000.0,
@@ -147,4 +147,5 @@ def test_the_speed_table_marks_a_row_over_a_bound():
     }
     table = _speed_table([row])
     assert "achieved / speculation bound | achieved / bandwidth bound" in table
+    assert "| long | 16K | rewrite | rapid eta=5 |" in table
     assert "| 0.50 | 1.30 **over the bound** |" in table

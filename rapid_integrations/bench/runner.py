@@ -55,6 +55,7 @@ from .prefill import chunk_sizes_to_try, matmul_flops_per_second, prefill_rows
 from .probe import ForwardProbe
 from .report import write_report
 from .scoring import score, token_f1
+from .speed_tasks import SPEED_KINDS, build_speed_tasks
 from .suite import QUESTION_KINDS, SPLITS, build_suite
 from .summary import QA_SUITES
 from .texts import TEXT_KINDS
@@ -97,7 +98,8 @@ class BenchSettings:
     (the machine's drift over minutes touches every method alike; rates pool over the rounds,
     and the figures give the spread of their per-round ratios); speed_lengths: lengths of
     the speed suite within the model's window, rope_lengths: beyond it (RoPE-scaled); either
-    may be empty; tiny_speed: run the upward/downward suites (at `lengths`); tiny_models: run
+    may be empty; speed_kinds: the prompts of the speed-only suites and of `long`, one task
+    of each kind a length (`bench/speed_tasks.py`); tiny_speed: run the upward/downward suites (at `lengths`); tiny_models: run
     the QA and speed suites on the tiny random pair instead of real models (smoke tests).
     Presets that replace the suites: long (the `long` suite at `lengths`, with rapid also at
     each of `gammas`), eta_sweep (QA only, prompt KV shared by the methods of a task), prefill
@@ -118,6 +120,7 @@ class BenchSettings:
     speed_tokens: int = 128
     rounds: int = 1
     speed_lengths: tuple[int, ...] = CONTEXT_LENGTHS
+    speed_kinds: tuple[str, ...] = ("single",)
     rope_lengths: tuple[int, ...] = (16384, 32768)
     tiny_speed: bool = True
     tiny_models: bool = False
@@ -150,6 +153,8 @@ class BenchSettings:
         _require(
             "texts", self.texts and set(self.texts) <= set(TEXT_KINDS), f"names from {TEXT_KINDS}"
         )
+        kinds_ok = self.speed_kinds and set(self.speed_kinds) <= set(SPEED_KINDS)
+        _require("speed_kinds", kinds_ok, f"names from {SPEED_KINDS}")
         for name in ("lengths", "speed_lengths", "rope_lengths"):
             _require(name, all(n >= 256 for n in getattr(self, name)), "lengths >= 256")
         _require("lengths", bool(self.lengths), "at least one length")
@@ -371,18 +376,18 @@ def run_bench(settings: BenchSettings) -> Path:
         return _run_broad(session, engine, start)
     tok, seed = engine.tokenizer, settings.seed
     tasks = build_tasks(tok, settings.kinds, settings.lengths, settings.per_cell, seed)
-    speed = build_tasks(tok, ("single",), settings.speed_lengths, 1, seed)
+    kinds = settings.speed_kinds
+    speed = build_speed_tasks(tok, kinds, settings.speed_lengths, seed)
     rope = (
-        []
-        if settings.tiny_models
-        else build_tasks(tok, ("single",), settings.rope_lengths, 1, seed)
+        [] if settings.tiny_models else build_speed_tasks(tok, kinds, settings.rope_lengths, seed)
     )
-    tiny = build_tasks(tok, ("single",), settings.lengths, 1, seed) if settings.tiny_speed else []
+    tiny = build_speed_tasks(tok, kinds, settings.lengths, seed) if settings.tiny_speed else []
     runs = len(tasks) * len(settings.method_list()) + sum(map(bool, _followups(settings, tasks)))
     speed_runs = (len(speed) + len(rope)) * len(SPEED_METHODS) + 2 * len(tiny) * len(TINY_METHODS)
     runs += settings.rounds * speed_runs
     if settings.long or settings.prefill:
-        long_tasks = build_tasks(tok, ("single",), settings.lengths, 1, seed)
+        long_kinds = kinds if settings.long else ("single",)  # prefill: one prompt a length
+        long_tasks = build_speed_tasks(tok, long_kinds, settings.lengths, seed)
         runs = len(long_tasks) * (
             settings.rounds * len(long_methods(settings)) if settings.long else 1
         )

@@ -148,10 +148,12 @@ def _cells_table(cells: list[Record]) -> str:
 
 
 def _speed_table(summary: list[Record]) -> str:
+    """One row per suite, length, kind of prompt (`--speed-kinds`) and method."""
     rows = [
         [
             r["suite"],
             length_name(r["context_label"]),
+            r["task"],
             r["label"],
             _fmt(r["context_tokens"], ".0f"),
             _fmt(r["draft_context_tokens"], ".0f"),
@@ -164,11 +166,12 @@ def _speed_table(summary: list[Record]) -> str:
             _fmt(r["peak_memory_bytes"] and r["peak_memory_bytes"] / 2**30),
         ]
         for r in summary
-        if r["suite"] not in QA_SUITES and r["task"] == TASK_ALL
+        if r["suite"] not in QA_SUITES and r["task"] != TASK_ALL
     ]
     headers = [
         "suite",
         "context",
+        "prompt",
         "method",
         "target tokens",
         "draft tokens",
