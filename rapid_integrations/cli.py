@@ -229,7 +229,11 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         type=int,
         help="tasks per kind and length (--suite broad: per text and question kind)",
     )
-    p.add_argument("--methods", type=_words, help="lc,rag,sd,rapid,hf,hf-pld (--long too)")
+    p.add_argument(
+        "--methods",
+        type=_words,
+        help="lc,rag,sd,rapid,hf,hf-pld,magicdec (--long too; magicdec: --long or named)",
+    )
     p.add_argument("--etas", type=_floats, help="eta values of rapid, e.g. 0,5,10")
     p.add_argument(
         "--variants", type=_words, help="rapid variants the QA suite adds: no-lookup,paper,adaptive"

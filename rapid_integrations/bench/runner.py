@@ -39,7 +39,9 @@ from ..prompts import prepare_draft_prompt
 from ..tokens import encode_prompt
 from .bounds import Device, attach_bounds, read_bytes_per_second, weights_read_bytes, widest_pass
 from .dataset import CONTEXT_LENGTHS, TASK_KINDS, Task, build_tasks
+from .magicdec import streaming_ids
 from .methods import (
+    DEFAULT_METHODS,
     ENGINE_METHODS,
     METHODS,
     Measurement,
@@ -112,7 +114,7 @@ class BenchSettings:
     lengths: tuple[int, ...] = CONTEXT_LENGTHS
     kinds: tuple[str, ...] = TASK_KINDS
     per_cell: int = 5
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = DEFAULT_METHODS
     etas: tuple[float, ...] = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0)
     variants: tuple[str, ...] = ()
     variant_etas: tuple[float, ...] = (DEFAULT_ETA,)
@@ -197,7 +199,7 @@ class BenchSettings:
             method
             for name in METHODS
             if name in self.methods
-            for method in (self._rapid_methods() if name == "rapid" else [Method(name)])
+            for method in (self._rapid_methods() if name == "rapid" else [Method.of(name)])
         ]
 
     def _rapid_methods(self) -> list[Method]:
@@ -228,6 +230,7 @@ only; `--rope-lengths 16384` adds a 16K RoPE-scaled run (its cost: docs/benchmar
 "Presets and options")."""
 LONG: dict[str, Any] = {
     "long": True,
+    "methods": METHODS,
     "lengths": (16384, 32768),
     "gammas": (4, 16),
     "etas": (DEFAULT_ETA,),
@@ -298,7 +301,7 @@ def long_methods(settings: BenchSettings) -> list[Method]:
             *(Method("rapid", eta, name, VARIANTS[name]) for name in LONG_VARIANTS),
         )
     ]
-    every = [Method("lc"), Method("sd"), *rapid, Method("hf-pld")]
+    every = [Method("lc"), Method("sd"), *rapid, Method.of("magicdec"), Method("hf-pld")]
     return [method for method in every if method.name in settings.methods]
 
 
@@ -646,23 +649,43 @@ def attach_step_costs(
         rate = record["decode_tokens_per_second"]
         record["achieved_speedup"] = rate * target[1] if rate else None
         record["model_draft_speedup"] = record["model_draft_gamma"] = None
-        reads = record["method"] in ("sd", "rapid") and record["acceptance_rate"] is not None
-        if not reads:
+        which = record["method"]
+        if which not in DRAFT_READS or record["acceptance_rate"] is None:
             record["step_costs"] = None
             continue
-        which = "full" if record["method"] == "sd" else "retrieved"
         if which not in drafts:
-            draft_ids = ids
-            if which == "retrieved" and retrieved.prompt is not None:
-                draft_ids = encode_prompt(retrieved.prompt, engine.tokenizer, engine.vocab_size)
+            draft, draft_ids = _draft_reads(engine, which, ids, retrieved)
             drafts[which] = pass_seconds(
-                engine.draft, draft_ids, engine.vocab_size, (1,), chunk=chunk, **cache
+                draft, draft_ids, engine.vocab_size, (1,), chunk=chunk, **cache
             )[1]
         costs = StepCosts(target[1], drafts[which], verify)
         record["step_costs"] = dataclasses.asdict(costs)
         best, gamma = best_model_draft(costs, record["acceptance_rate"], max(VERIFY_TOKENS) - 1)
         record["model_draft_speedup"], record["model_draft_gamma"] = best, gamma
     attach_bounds(mine, StepCosts(target[1], 0.0, verify), device)
+
+
+DRAFT_READS = ("sd", "rapid", "magicdec")
+"""The drafting methods whose draft step is timed: the draft on the prompt, the draft on C^S,
+the target on its streaming selection (`bench/magicdec.py`)."""
+
+
+def _draft_reads(
+    engine: RapidEngine, method: str, ids: list[int], retrieved: _Retrieved
+) -> tuple[PreTrainedModel, list[int]]:
+    """The model a method of `DRAFT_READS` drafts with and the ids it drafts on."""
+    if method == "magicdec":
+        return engine.target, streaming_ids(ids)
+    if method == "rapid" and retrieved.prompt is not None:
+        return engine.draft, encode_prompt(retrieved.prompt, engine.tokenizer, engine.vocab_size)
+    return engine.draft, ids
+
+
+def _draft_model(engine: RapidEngine, method: str) -> str | None:
+    """The name of the model that drafts for `method` (None: nothing drafts)."""
+    if method == "magicdec":
+        return model_name(engine.target)
+    return model_name(engine.draft) if method in ("rag", "sd", "rapid") else None
 
 
 # ---- one measurement ------------------------------------------------------------------------
@@ -732,7 +755,9 @@ def _record(call: _Call, measured: Measurement) -> dict[str, Any]:
         "suite": call.suite.name,
         "method": method.name,
         "label": method.label,
-        "eta": method.eta if method.name == "rapid" else (0.0 if method.name == "sd" else None),
+        "eta": method.eta
+        if method.name in ("rapid", "magicdec")
+        else (0.0 if method.name == "sd" else None),
         "task": task.kind,
         "task_id": task.task_id,
         "text_kind": task.text_kind,
@@ -742,7 +767,7 @@ def _record(call: _Call, measured: Measurement) -> dict[str, Any]:
         "turn": call.turn,
         "round": call.round,
         "target_model": model_name(engine.target),
-        "draft_model": model_name(engine.draft) if method.name in ("rag", "sd", "rapid") else None,
+        "draft_model": _draft_model(engine, method.name),
         "accuracy": score(measured.answer, task.references, task.rule, task.wrong),
         "f1": token_f1(measured.answer, task.references),
         "references": list(task.references),
