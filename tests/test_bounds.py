@@ -148,4 +148,4 @@ def test_the_speed_table_marks_a_row_over_a_bound():
     table = _speed_table([row])
     assert "achieved / speculation bound | achieved / bandwidth bound" in table
     assert "| long | 16K | rewrite | rapid eta=5 |" in table
-    assert "| 0.50 | 1.30 **over the bound** |" in table
+    assert "| 0.5 | 1.3 **over the bound** |" in table

@@ -189,7 +189,7 @@ def _speed_table(summary: list[Record]) -> str:
 
 def _bound_cell(ratio: float | None) -> str:
     """An achieved / bound ratio, flagged when it passes the bound (docs/algorithm.md 2.12)."""
-    return _fmt(ratio) + (" **over the bound**" if exceeds(ratio) else "")
+    return _fmt(ratio, ".2g") + (" **over the bound**" if exceeds(ratio) else "")
 
 
 def _prefill_table(rows: list[Record]) -> str:
