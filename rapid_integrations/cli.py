@@ -190,7 +190,7 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         dest="preset",
         action="store_const",
         const="long",
-        help="speed at 16K and 32K (YaRN), every decoding variant, with ceilings",
+        help="speed at 16K and 32K (YaRN), every decoding variant, with bounds",
     )
     presets.add_argument(
         "--eta-sweep",
@@ -229,7 +229,11 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         type=int,
         help="tasks per kind and length (--suite broad: per text and question kind)",
     )
-    p.add_argument("--methods", type=_words, help="lc,rag,sd,rapid,hf,hf-pld (--long too)")
+    p.add_argument(
+        "--methods",
+        type=_words,
+        help="lc,rag,sd,rapid,hf,hf-pld,magicdec (--long too; magicdec: --long or named)",
+    )
     p.add_argument("--etas", type=_floats, help="eta values of rapid, e.g. 0,5,10")
     p.add_argument(
         "--variants",
@@ -256,6 +260,11 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         help="times speed-only runs repeat all their methods in turn (figures give the spread)",
     )
     p.add_argument("--speed-lengths", type=_ints, help="fixed-length speed runs ('' to skip)")
+    p.add_argument(
+        "--speed-kinds",
+        type=_words,
+        help="prompts of the speed-only runs and --long: single (default), rewrite (free-form)",
+    )
     p.add_argument("--rope-lengths", type=_ints, help="RoPE-scaled speed runs ('' to skip)")
     p.add_argument(
         "--no-tiny-speed",
@@ -504,6 +513,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         speed_tokens=args.speed_tokens,
         rounds=args.rounds,
         speed_lengths=args.speed_lengths,
+        speed_kinds=args.speed_kinds,
         rope_lengths=args.rope_lengths,
         tiny_speed=args.tiny_speed,
         tiny_models=args.tiny_models,

@@ -10,7 +10,7 @@ import torch
 from rapid_integrations import RapidConfig, RapidConfigError
 from rapid_integrations.bench.dataset import TASK_KINDS, build_tasks
 from rapid_integrations.bench.figures import speed_figures
-from rapid_integrations.bench.methods import METHODS, Method
+from rapid_integrations.bench.methods import DEFAULT_METHODS, METHODS, Method
 from rapid_integrations.bench.models import load_rope_scaled, tiny_pair
 from rapid_integrations.bench.plots import PLOTS
 from rapid_integrations.bench.probe import ForwardProbe, peak_memory_bytes, reset_peak_memory
@@ -142,7 +142,11 @@ def test_settings_presets_and_validation():
     labels = [m.label for m in quick.method_list()]
     assert labels[:3] == ["lc", "rag", "sd"] and labels[-2:] == ["hf", "hf-pld"]
     assert sum(m.name == "rapid" for m in quick.method_list()) == len(quick.etas)
-    assert set(BenchSettings().methods) == set(METHODS)
+    # magicdec (a self-draft of the full target) is opt-in, but --long runs it.
+    assert (
+        BenchSettings().methods == DEFAULT_METHODS == tuple(m for m in METHODS if m != "magicdec")
+    )
+    assert "magicdec" in [m.name for m in long_methods(BenchSettings.preset("long"))]
     bad = [
         ("methods", ("lc", "nope")),
         ("lengths", (100,)),
@@ -404,8 +408,8 @@ def test_bench_smoke_run_writes_results_table_and_plots(tmp_path, capsys):
     records = results["records"]
     assert set(records[0]) >= REQUIRED_FIELDS
     qa = [r for r in records if r["suite"] == "qa" and r["turn"] == 1]
-    assert len(qa) == len(TASK_KINDS) * (len(METHODS) + 1)  # rapid at two etas
-    assert {r["method"] for r in qa} == set(METHODS)
+    assert len(qa) == len(TASK_KINDS) * (len(DEFAULT_METHODS) + 1)  # rapid at two etas
+    assert {r["method"] for r in qa} == set(DEFAULT_METHODS)
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in qa)
     followup = [r for r in records if r["turn"] == 2]
     assert len(followup) == 1 and followup[0]["method"] == "rapid"
@@ -433,7 +437,7 @@ LONG_FIELDS = {
     "context_tokens",
     "decode_tokens_per_second",
     "acceptance_rate",
-    "ceiling_speedup",
+    "model_draft_speedup",
 }
 
 
@@ -444,7 +448,7 @@ def _bench(tmp_path, capsys, flags: str) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
-def test_long_preset_records_carry_the_ceiling(tmp_path, capsys):
+def test_long_preset_records_carry_the_model_draft_speedup(tmp_path, capsys):
     results = _bench(
         tmp_path, capsys, "--long --tiny-models --lengths 512 --speed-tokens 8 --gammas 2"
     )
@@ -452,6 +456,11 @@ def test_long_preset_records_carry_the_ceiling(tmp_path, capsys):
     assert all(set(r) >= LONG_FIELDS and r["suite"] == "long" for r in records)
     labels = [r["label"] for r in records]
     assert labels[0] == "lc" and "hf-pld" in labels and "sd" in labels
+    # magicdec: the target drafts on its prompt's 16 sinks + 512 recent tokens, at eta 0.
+    (magic,) = [r for r in records if r["method"] == "magicdec"]
+    assert magic["eta"] == 0.0 and magic["draft_model"] == magic["target_model"]
+    assert magic["draft_context_tokens"] == min(528, magic["context_tokens"])
+    assert magic["engine_stats"]["mode"] == "rapid" and magic["drafted_tokens"] > 0
     # Every method decodes the same number of tokens, transformers too: none stops at an eos.
     assert {r["new_tokens"] for r in records} == {8}
     assert {
@@ -465,16 +474,25 @@ def test_long_preset_records_carry_the_ceiling(tmp_path, capsys):
     by_label = {r["label"]: r for r in records}
     assert not by_label["rapid eta=5 adaptive"]["engine_stats"]["schedule_from_earlier_call"]
     assert by_label["rapid eta=5 adaptive-again"]["engine_stats"]["schedule_from_earlier_call"]
-    # A ceiling is computed for every row that drafted (a call may stop before it does).
+    # A model-draft speedup is computed for every row that drafted (a call may stop before it does).
     drafted = [r for r in records if r["acceptance_rate"] is not None]
     assert {"sd", "rapid eta=5", "rapid eta=5 gamma=2"} <= {r["label"] for r in drafted}
-    assert all(r["ceiling_speedup"] >= 1.0 and r["step_costs"]["target_step"] > 0 for r in drafted)
-    assert all(r["ceiling_speedup"] is None for r in records if r["method"] in ("lc", "hf-pld"))
+    assert all(
+        r["model_draft_speedup"] >= 1.0 and r["step_costs"]["target_step"] > 0 for r in drafted
+    )
+    assert all(r["model_draft_speedup"] is None for r in records if r["method"] in ("lc", "hf-pld"))
     # After lc, the methods reuse the prompt's KV instead of prefilling it again.
     assert all(r["cached_prefix_tokens"] > 0 for r in records if r["method"] in ("sd", "rapid"))
+    # Every record gets both bounds (docs/algorithm.md section 2.12), K from the widest method
+    # (the adaptive rows: gamma_max 32 + 10 copies + 1), and its achieved speedup over each.
+    assert results["read_bytes_per_second"] > 0
+    assert all(r["speculation_bound"] >= 1.0 and r["bandwidth_bound"] > 0 for r in records)
+    assert {r["widest_pass"] for r in records} == {43}
+    assert all(r["achieved_over_speculation_bound"] > 0 for r in records)
+    assert "achieved / speculation bound" in (tmp_path / "bench" / "results.md").read_text()
     figures = {f["figure"] for f in results["speed_figures"]}
     assert {
-        "rapid speedup / ceiling (long)",
+        "rapid speedup / model draft (long)",
         "adaptive drafting / best fixed gamma",
         "adaptive, next call / lc",
     } <= figures

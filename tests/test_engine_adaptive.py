@@ -243,7 +243,7 @@ def test_measured_gamma_prices_a_verify_pass_by_its_line(curve):
 def test_acceptance_in_runs_reads_longer_than_one_rate_says():
     """Passes cut at draft 6 of 8 or kept whole: the curve says the first 6 drafts are nearly
     always kept, so E(8) is above the single-rate formula's at the same pooled rate."""
-    from rapid_integrations.bench.ceiling import expected_tokens
+    from rapid_integrations.bench.model_draft import expected_tokens
 
     costs = GammaSchedule(RapidConfig(adaptive_gamma="measured", gamma_max=8)).costs
     costs.record(0, 0, 0.0, 0.1)

@@ -1,8 +1,9 @@
 """The contenders and how one generation of each is measured.
 
-Engine methods (`lc`, `rag`, `sd`, `rapid`) run through `RapidEngine.generate`; the baselines a
-user would reach for run through transformers `generate` on the target: greedy (`hf`) and
-prompt-lookup decoding (`hf-pld`). Every measurement returns the same fields, so one results
+Engine methods (`lc`, `rag`, `sd`, `rapid`, and `magicdec`: the target drafting for itself over
+the attention sinks and recent window of its prompt, `bench/magicdec.py`) run through
+`RapidEngine.generate`; the baselines a user would reach for run through transformers
+`generate` on the target: greedy (`hf`) and prompt-lookup decoding (`hf-pld`). Every measurement returns the same fields, so one results
 record layout covers all of them (see `Measurement`).
 
 Timing definitions (seconds): prefill_seconds is the prompt's prefill (for transformers, the
@@ -26,6 +27,7 @@ from ..config import Mode
 from ..engine import RapidEngine
 from ..outputs import RapidStats
 from ..tokens import Detokenizer, encode_prompt
+from . import magicdec
 from .probe import (
     DecodeTimings,
     ForwardProbe,
@@ -34,9 +36,13 @@ from .probe import (
     reset_peak_memory,
 )
 
-ENGINE_METHODS = ("lc", "rag", "sd", "rapid")
+ENGINE_METHODS = ("lc", "rag", "sd", "rapid", "magicdec")
 HF_METHODS = ("hf", "hf-pld")
 METHODS = ENGINE_METHODS + HF_METHODS
+OPT_IN_METHODS = ("magicdec",)
+"""Methods a run includes only when named (`--methods`, or the `--long` preset): a self-draft
+of the full target on every QA task costs more than it tells there."""
+DEFAULT_METHODS = tuple(m for m in METHODS if m not in OPT_IN_METHODS)
 PROMPT_LOOKUP_TOKENS = 10
 """Draft length of transformers' prompt-lookup decoding (the value its docs suggest)."""
 
@@ -44,12 +50,18 @@ PROMPT_LOOKUP_TOKENS = 10
 @dataclass(frozen=True)
 class Method:
     """One contender: a name from `METHODS`, eta for `rapid`, and optionally a named variant
-    with its `RapidConfig` overrides (e.g. "gamma=4" with (("gamma", 4),))."""
+    with its `RapidConfig` overrides (e.g. "gamma=4" with (("gamma", 4),)). `magicdec`'s
+    eta (0) and overrides are its own (`Method.of`)."""
 
     name: str
     eta: float | None = None
     variant: str | None = None
     options: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, name: str) -> Method:
+        """The method `name` with its own settings: `magicdec` at eta 0 without copies."""
+        return cls(name, 0.0, options=magicdec.OPTIONS) if name == "magicdec" else cls(name)
 
     @property
     def label(self) -> str:
@@ -113,6 +125,11 @@ def measure_engine(
     if method.eta is not None:
         overrides["eta"] = method.eta
     overrides.update(method.options)
+    mode = cast(Mode, method.name)  # one of ENGINE_METHODS; the engine checks it
+    if method.name == "magicdec":  # mode "rapid": the target drafts on its streaming cache
+        engine, mode = magicdec.self_drafting(engine), "rapid"
+        ids = encode_prompt(prompt, engine.tokenizer, engine.vocab_size)
+        draft_prompt = magicdec.streaming_ids(ids)
     if cold:
         engine.prefix_cache.clear()
     device = engine.target.device
@@ -120,7 +137,6 @@ def measure_engine(
     reset_peak_memory(device)
     baseline = current_memory_bytes(device)
     start = time.perf_counter()
-    mode = cast(Mode, method.name)  # one of ENGINE_METHODS; the engine checks it
     out = engine.generate(prompt, draft_prompt, mode=mode, **overrides)
     timings = probe.decode_timings(
         start + out.stats.prefill_seconds, main_passes=out.stats.target_forward_passes

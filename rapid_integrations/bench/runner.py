@@ -37,9 +37,11 @@ from ..errors import RapidConfigError
 from ..models import LoadOptions, ensure_default_model, load_model, resolve_dtype
 from ..prompts import prepare_draft_prompt
 from ..tokens import encode_prompt
-from .ceiling import VERIFY_TOKENS, StepCosts, ceiling, pass_seconds
+from .bounds import Device, attach_bounds, read_bytes_per_second, weights_read_bytes, widest_pass
 from .dataset import CONTEXT_LENGTHS, TASK_KINDS, Task, build_tasks
+from .magicdec import streaming_ids
 from .methods import (
+    DEFAULT_METHODS,
     ENGINE_METHODS,
     METHODS,
     Measurement,
@@ -49,12 +51,14 @@ from .methods import (
     model_name,
     warm_up,
 )
+from .model_draft import VERIFY_TOKENS, StepCosts, best_model_draft, pass_seconds
 from .models import choose_dtype, load_rope_scaled, tiny_pair
 from .off_topic import OffTopicRetriever
 from .prefill import chunk_sizes_to_try, matmul_flops_per_second, prefill_rows
 from .probe import ForwardProbe
 from .report import write_report
 from .scoring import score, token_f1
+from .speed_tasks import SPEED_KINDS, build_speed_tasks
 from .suite import QUESTION_KINDS, SPLITS, build_suite
 from .summary import QA_SUITES
 from .texts import TEXT_KINDS
@@ -105,7 +109,8 @@ class BenchSettings:
     (the machine's drift over minutes touches every method alike; rates pool over the rounds,
     and the figures give the spread of their per-round ratios); speed_lengths: lengths of
     the speed suite within the model's window, rope_lengths: beyond it (RoPE-scaled); either
-    may be empty; tiny_speed: run the upward/downward suites (at `lengths`); tiny_models: run
+    may be empty; speed_kinds: the prompts of the speed-only suites and of `long`, one task
+    of each kind a length (`bench/speed_tasks.py`); tiny_speed: run the upward/downward suites (at `lengths`); tiny_models: run
     the QA and speed suites on the tiny random pair instead of real models (smoke tests).
     Presets that replace the suites: long (the `long` suite at `lengths`, with rapid also at
     each of `gammas`), eta_sweep (QA only, prompt KV shared by the methods of a task), prefill
@@ -118,7 +123,7 @@ class BenchSettings:
     lengths: tuple[int, ...] = CONTEXT_LENGTHS
     kinds: tuple[str, ...] = TASK_KINDS
     per_cell: int = 5
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = DEFAULT_METHODS
     etas: tuple[float, ...] = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0)
     variants: tuple[str, ...] = ()
     variant_etas: tuple[float, ...] = (DEFAULT_ETA,)
@@ -126,6 +131,7 @@ class BenchSettings:
     speed_tokens: int = 128
     rounds: int = 1
     speed_lengths: tuple[int, ...] = CONTEXT_LENGTHS
+    speed_kinds: tuple[str, ...] = ("single",)
     rope_lengths: tuple[int, ...] = (16384, 32768)
     tiny_speed: bool = True
     tiny_models: bool = False
@@ -158,6 +164,8 @@ class BenchSettings:
         _require(
             "texts", self.texts and set(self.texts) <= set(TEXT_KINDS), f"names from {TEXT_KINDS}"
         )
+        kinds_ok = self.speed_kinds and set(self.speed_kinds) <= set(SPEED_KINDS)
+        _require("speed_kinds", kinds_ok, f"names from {SPEED_KINDS}")
         for name in ("lengths", "speed_lengths", "rope_lengths"):
             _require(name, all(n >= 256 for n in getattr(self, name)), "lengths >= 256")
         _require("lengths", bool(self.lengths), "at least one length")
@@ -200,7 +208,7 @@ class BenchSettings:
             method
             for name in METHODS
             if name in self.methods
-            for method in (self._rapid_methods() if name == "rapid" else [Method(name)])
+            for method in (self._rapid_methods() if name == "rapid" else [Method.of(name)])
         ]
 
     def _rapid_methods(self) -> list[Method]:
@@ -231,6 +239,7 @@ only; `--rope-lengths 16384` adds a 16K RoPE-scaled run (its cost: docs/benchmar
 "Presets and options")."""
 LONG: dict[str, Any] = {
     "long": True,
+    "methods": METHODS,
     "lengths": (16384, 32768),
     "gammas": (4, 16),
     "etas": (DEFAULT_ETA,),
@@ -301,7 +310,7 @@ def long_methods(settings: BenchSettings) -> list[Method]:
             *(Method("rapid", eta, name, VARIANTS[name]) for name in LONG_VARIANTS),
         )
     ]
-    every = [Method("lc"), Method("sd"), *rapid, Method("hf-pld")]
+    every = [Method("lc"), Method("sd"), *rapid, Method.of("magicdec"), Method("hf-pld")]
     return [method for method in every if method.name in settings.methods]
 
 
@@ -379,18 +388,18 @@ def run_bench(settings: BenchSettings) -> Path:
         return _run_broad(session, engine, start)
     tok, seed = engine.tokenizer, settings.seed
     tasks = build_tasks(tok, settings.kinds, settings.lengths, settings.per_cell, seed)
-    speed = build_tasks(tok, ("single",), settings.speed_lengths, 1, seed)
+    kinds = settings.speed_kinds
+    speed = build_speed_tasks(tok, kinds, settings.speed_lengths, seed)
     rope = (
-        []
-        if settings.tiny_models
-        else build_tasks(tok, ("single",), settings.rope_lengths, 1, seed)
+        [] if settings.tiny_models else build_speed_tasks(tok, kinds, settings.rope_lengths, seed)
     )
-    tiny = build_tasks(tok, ("single",), settings.lengths, 1, seed) if settings.tiny_speed else []
+    tiny = build_speed_tasks(tok, kinds, settings.lengths, seed) if settings.tiny_speed else []
     runs = len(tasks) * len(settings.method_list()) + sum(map(bool, _followups(settings, tasks)))
     speed_runs = (len(speed) + len(rope)) * len(SPEED_METHODS) + 2 * len(tiny) * len(TINY_METHODS)
     runs += settings.rounds * speed_runs
     if settings.long or settings.prefill:
-        long_tasks = build_tasks(tok, ("single",), settings.lengths, 1, seed)
+        long_kinds = kinds if settings.long else ("single",)  # prefill: one prompt a length
+        long_tasks = build_speed_tasks(tok, long_kinds, settings.lengths, seed)
         runs = len(long_tasks) * (
             settings.rounds * len(long_methods(settings)) if settings.long else 1
         )
@@ -582,8 +591,8 @@ def _speed_suite(
     share_prefill: bool = False,
 ) -> None:
     """`methods` on `tasks`, each decoding exactly `speed_tokens` tokens, `rounds` times in
-    turn; then the step costs at each task's length and each record's ceiling
-    (`bench/ceiling.py`). Each round starts with no kept schedules, as a fresh engine would
+    turn; then the step costs at each task's length and each record's model-draft
+    speedup (`bench/model_draft.py`) and bounds (`bench/bounds.py`). Each round starts with no kept schedules, as a fresh engine would
     (docs/algorithm.md section 2.11): its first adaptive call measures afresh."""
     if not tasks:
         return
@@ -596,6 +605,7 @@ def _speed_suite(
     }
     if share_prefill:
         overrides["prefix_cache_bytes"] = LONG_CACHE_BYTES
+    device = _bounds_device(session, engine, methods)
     with ForwardProbe([engine.target, engine.draft]) as probe:
         settings = _Suite(suite, engine, probe, overrides, share_prefill)
         warm_up(engine, list(methods), probe)
@@ -606,17 +616,33 @@ def _speed_suite(
                 for i, method in enumerate(methods):
                     cold = i == 0 or not share_prefill
                     session.run(_Call(settings, method, task, retrieved, cold=cold, round=round_))
-            attach_ceilings(session.records, settings, task, retrieved)
+            attach_step_costs(session.records, settings, task, retrieved, device)
             session.save()
 
 
-def attach_ceilings(
-    records: list[dict[str, Any]], suite: _Suite, task: Task, retrieved: _Retrieved
+def _bounds_device(session: _Session, engine: RapidEngine, methods: Sequence[Method]) -> Device:
+    """What the bounds of a suite on `engine` read (`bench/bounds.py`); the read rate is
+    measured once per run, at the first speed suite."""
+    if "read_bytes_per_second" not in session.meta:
+        session.meta["read_bytes_per_second"] = read_bytes_per_second(session.device)
+    kv = memory_model(engine.target, session.dtype)["kv_bytes_per_token"]
+    rate = session.meta["read_bytes_per_second"]
+    widest = widest_pass(engine.config, methods)
+    return Device(weights_read_bytes(engine.target), kv, rate, widest)
+
+
+def attach_step_costs(
+    records: list[dict[str, Any]],
+    suite: _Suite,
+    task: Task,
+    retrieved: _Retrieved,
+    device: Device,
 ) -> None:
     """Time target, verify and draft passes at `task`'s length (reusing the prompt KV the runs
     left in the prefix cache) and give each of the task's records of `suite` its
-    `step_costs`, `achieved_speedup` (decode rate x target step) and, where it drafted,
-    `ceiling_speedup` and `ceiling_gamma` at its measured acceptance."""
+    `step_costs`, `achieved_speedup` (decode rate x target step), the bounds of
+    `bench/bounds.py` and, where it drafted, `model_draft_speedup` and `model_draft_gamma` at
+    its measured acceptance (not a bound: docs/algorithm.md section 2.12)."""
     engine = suite.engine
     ids = encode_prompt(task.messages, engine.tokenizer, engine.vocab_size)
     stored = suite.overrides.get("prefix_cache_bytes", engine.config.prefix_cache_bytes)
@@ -626,28 +652,49 @@ def attach_ceilings(
         engine.target, ids, engine.vocab_size, (1, *VERIFY_TOKENS), chunk=chunk, **cache
     )
     drafts: dict[str, float] = {}
-    for record in records:
-        if record["suite"] != suite.name or record["task_id"] != task.task_id:
-            continue
+    verify = tuple((k, target[k]) for k in VERIFY_TOKENS)
+    mine = [r for r in records if r["suite"] == suite.name and r["task_id"] == task.task_id]
+    for record in mine:
         rate = record["decode_tokens_per_second"]
         record["achieved_speedup"] = rate * target[1] if rate else None
-        record["ceiling_speedup"] = record["ceiling_gamma"] = None
-        reads = record["method"] in ("sd", "rapid") and record["acceptance_rate"] is not None
-        if not reads:
+        record["model_draft_speedup"] = record["model_draft_gamma"] = None
+        which = record["method"]
+        if which not in DRAFT_READS or record["acceptance_rate"] is None:
             record["step_costs"] = None
             continue
-        which = "full" if record["method"] == "sd" else "retrieved"
         if which not in drafts:
-            draft_ids = ids
-            if which == "retrieved" and retrieved.prompt is not None:
-                draft_ids = encode_prompt(retrieved.prompt, engine.tokenizer, engine.vocab_size)
+            draft, draft_ids = _draft_reads(engine, which, ids, retrieved)
             drafts[which] = pass_seconds(
-                engine.draft, draft_ids, engine.vocab_size, (1,), chunk=chunk, **cache
+                draft, draft_ids, engine.vocab_size, (1,), chunk=chunk, **cache
             )[1]
-        costs = StepCosts(target[1], drafts[which], tuple((k, target[k]) for k in VERIFY_TOKENS))
+        costs = StepCosts(target[1], drafts[which], verify)
         record["step_costs"] = dataclasses.asdict(costs)
-        best, gamma = ceiling(costs, record["acceptance_rate"], max(VERIFY_TOKENS) - 1)
-        record["ceiling_speedup"], record["ceiling_gamma"] = best, gamma
+        best, gamma = best_model_draft(costs, record["acceptance_rate"], max(VERIFY_TOKENS) - 1)
+        record["model_draft_speedup"], record["model_draft_gamma"] = best, gamma
+    attach_bounds(mine, StepCosts(target[1], 0.0, verify), device)
+
+
+DRAFT_READS = ("sd", "rapid", "magicdec")
+"""The drafting methods whose draft step is timed: the draft on the prompt, the draft on C^S,
+the target on its streaming selection (`bench/magicdec.py`)."""
+
+
+def _draft_reads(
+    engine: RapidEngine, method: str, ids: list[int], retrieved: _Retrieved
+) -> tuple[PreTrainedModel, list[int]]:
+    """The model a method of `DRAFT_READS` drafts with and the ids it drafts on."""
+    if method == "magicdec":
+        return engine.target, streaming_ids(ids)
+    if method == "rapid" and retrieved.prompt is not None:
+        return engine.draft, encode_prompt(retrieved.prompt, engine.tokenizer, engine.vocab_size)
+    return engine.draft, ids
+
+
+def _draft_model(engine: RapidEngine, method: str) -> str | None:
+    """The name of the model that drafts for `method` (None: nothing drafts)."""
+    if method == "magicdec":
+        return model_name(engine.target)
+    return model_name(engine.draft) if method in ("rag", "sd", "rapid") else None
 
 
 # ---- one measurement ------------------------------------------------------------------------
@@ -717,7 +764,9 @@ def _record(call: _Call, measured: Measurement) -> dict[str, Any]:
         "suite": call.suite.name,
         "method": method.name,
         "label": method.label,
-        "eta": method.eta if method.name == "rapid" else (0.0 if method.name == "sd" else None),
+        "eta": method.eta
+        if method.name in ("rapid", "magicdec")
+        else (0.0 if method.name == "sd" else None),
         "task": task.kind,
         "task_id": task.task_id,
         "text_kind": task.text_kind,
@@ -727,7 +776,7 @@ def _record(call: _Call, measured: Measurement) -> dict[str, Any]:
         "turn": call.turn,
         "round": call.round,
         "target_model": model_name(engine.target),
-        "draft_model": model_name(engine.draft) if method.name in ("rag", "sd", "rapid") else None,
+        "draft_model": _draft_model(engine, method.name),
         "accuracy": score(measured.answer, task.references, task.rule, task.wrong),
         "f1": token_f1(measured.answer, task.references),
         "references": list(task.references),

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from statistics import fmean, stdev
 from typing import Any
 
+from .bounds import BOUND_NAMES
+
 GROUP_KEYS = ("suite", "method", "label", "eta", "context_label", "turn")
 TASK_ALL = "all"
 QA_SUITES = ("qa", "broad")
@@ -27,7 +29,9 @@ def summarize(records: list[Record]) -> list[Record]:
     speed-only suite ran its methods more than once), acceptance is accepted / drafted over the
     group, and speedup_vs_lc divides by the `lc` row of the same suite, length, task and turn 1.
     accuracy_stderr is the standard error of the mean accuracy over the group's tasks;
-    ceiling_ratio is speedup_vs_lc over the mean `ceiling_speedup` of the group's records;
+    model_draft_ratio is speedup_vs_lc over the mean `model_draft_speedup` of the group's records;
+    the bounds of `bench/bounds.py` and the achieved speedup over each are means over the group,
+    and bound_exceeded says whether any of its records was flagged;
     texts the digests of the distinct texts the group decoded.
     """
     groups: dict[tuple, list[Record]] = {}
@@ -42,8 +46,8 @@ def summarize(records: list[Record]) -> list[Record]:
         base = lc.get(lc_key(row))
         rate, base_rate = row["decode_tokens_per_second"], base and base["decode_tokens_per_second"]
         row["speedup_vs_lc"] = rate / base_rate if rate and base_rate else None
-        best = row["ceiling_speedup"]
-        row["ceiling_ratio"] = (
+        best = row["model_draft_speedup"]
+        row["model_draft_ratio"] = (
             row["speedup_vs_lc"] / best if row["speedup_vs_lc"] and best else None
         )
     return rows
@@ -80,8 +84,13 @@ def _aggregate(key: Record, rs: list[Record]) -> Record:
         "main_step_seconds": field_mean("main_step_seconds"),
         "verify_step_seconds": field_mean("verify_step_seconds"),
         "draft_step_seconds": field_mean("draft_step_seconds"),
-        "ceiling_speedup": mean(r.get("ceiling_speedup") for r in rs),
+        "model_draft_speedup": mean(r.get("model_draft_speedup") for r in rs),
         "achieved_speedup": mean(r.get("achieved_speedup") for r in rs),
+        **{n: mean(r.get(n) for r in rs) for n in BOUND_NAMES},
+        **{
+            f"achieved_over_{n}": mean(r.get(f"achieved_over_{n}") for r in rs) for n in BOUND_NAMES
+        },
+        "bound_exceeded": any(r.get("bound_exceeded") for r in rs),
         "peak_memory_bytes": max((r["peak_memory_bytes"] or 0 for r in rs), default=None),
         "memory_growth_bytes": max(
             (

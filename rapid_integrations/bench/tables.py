@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .bounds import BOUND_NAMES, exceeds
 from .dataset import TASK_KINDS
 from .suite import QUESTION_KINDS
 from .summary import GROUP_KEYS, QA_SUITES, TASK_ALL, Record, find_row
@@ -147,37 +148,48 @@ def _cells_table(cells: list[Record]) -> str:
 
 
 def _speed_table(summary: list[Record]) -> str:
+    """One row per suite, length, kind of prompt (`--speed-kinds`) and method."""
     rows = [
         [
             r["suite"],
             length_name(r["context_label"]),
+            r["task"],
             r["label"],
             _fmt(r["context_tokens"], ".0f"),
             _fmt(r["draft_context_tokens"], ".0f"),
             _fmt(r["decode_tokens_per_second"], ".1f"),
             _fmt(r["speedup_vs_lc"]),
             _fmt(r["acceptance_rate"]),
-            _fmt(r.get("ceiling_speedup")),
-            _fmt(r.get("ceiling_ratio")),
+            _fmt(r.get("model_draft_speedup")),
+            _fmt(r.get("model_draft_ratio")),
+            *(_bound_cell(r.get(f"achieved_over_{name}")) for name in BOUND_NAMES),
             _fmt(r["peak_memory_bytes"] and r["peak_memory_bytes"] / 2**30),
         ]
         for r in summary
-        if r["suite"] not in QA_SUITES and r["task"] == TASK_ALL
+        if r["suite"] not in QA_SUITES and r["task"] != TASK_ALL
     ]
     headers = [
         "suite",
         "context",
+        "prompt",
         "method",
         "target tokens",
         "draft tokens",
         "decode tok/s",
         "speedup vs lc",
         "acceptance",
-        "ceiling",
-        "speedup / ceiling",
+        "model draft",
+        "speedup / model draft",
+        "achieved / speculation bound",
+        "achieved / bandwidth bound",
         "peak GiB",
     ]
     return _table(headers, rows) if rows else ""
+
+
+def _bound_cell(ratio: float | None) -> str:
+    """An achieved / bound ratio, flagged when it passes the bound (docs/algorithm.md 2.12)."""
+    return _fmt(ratio, ".2g") + (" **over the bound**" if exceeds(ratio) else "")
 
 
 def _prefill_table(rows: list[Record]) -> str:

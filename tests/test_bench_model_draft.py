@@ -1,12 +1,12 @@
-"""The speedup ceiling of `rapid bench` (bench/ceiling.py) against hand-computed values."""
+"""The model-draft speedup of `rapid bench` (bench/model_draft.py) against hand-computed values."""
 
 from __future__ import annotations
 
 import pytest
 
-from rapid_integrations.bench.ceiling import (
+from rapid_integrations.bench.model_draft import (
     StepCosts,
-    ceiling,
+    best_model_draft,
     expected_tokens,
     pass_seconds,
     speedup,
@@ -35,19 +35,19 @@ def test_verify_cost_is_interpolated_through_the_decode_step():
     assert costs.verify_seconds(13) == pytest.approx(6.0)  # last slope, 0.5 s per token
 
 
-def test_ceiling_by_hand():
+def test_model_draft_by_hand():
     # t = 1, d = 0.1, verify 1.2, a = 0.8: speedup(g) = E(g) / (0.1 g + 1.2);
     # g = 5: 3.68928 / 1.7 = 2.1702, g = 6: 3.951424 / 1.8 = 2.19524, g = 7: 4.16114 / 1.9 = 2.1901.
     costs = flat(1.0, 0.1, 1.2)
     assert speedup(costs, 0.8, 5) == pytest.approx(2.170165, abs=1e-6)
     assert speedup(costs, 0.8, 7) == pytest.approx(2.190073, abs=1e-6)
-    best, gamma = ceiling(costs, 0.8)
+    best, gamma = best_model_draft(costs, 0.8)
     assert gamma == 6 and best == pytest.approx(2.195236, abs=1e-6)
 
 
-def test_ceiling_is_the_target_alone_when_drafting_cannot_pay():
+def test_model_draft_is_the_target_alone_when_drafting_cannot_pay():
     # a = 0.4, d = 0.5, verify 1: g = 1 gives 1.4 / 1.5 = 0.933 < 1, longer drafts less.
-    assert ceiling(flat(1.0, 0.5, 1.0), 0.4) == (1.0, 0)
+    assert best_model_draft(flat(1.0, 0.5, 1.0), 0.4) == (1.0, 0)
     assert speedup(flat(1.0, 0.5, 1.0), 0.4, 1) == pytest.approx(1.4 / 1.5)
 
 
@@ -55,8 +55,8 @@ def test_full_acceptance_grows_to_the_longest_draft():
     # a = 1, d = 0.25, verify (g + 1 tokens) = 1 + g / 32: speedup = (g + 1) / (0.25 g + 1 + g / 32),
     # increasing in g: at g = 32, 33 / 10 = 3.3.
     costs = StepCosts(1.0, 0.25, ((33, 2.0),))
-    assert ceiling(costs, 1.0) == (pytest.approx(3.3), 32)
-    assert ceiling(costs, 1.0, max_gamma=8) == (pytest.approx(9 / 3.25), 8)
+    assert best_model_draft(costs, 1.0) == (pytest.approx(3.3), 32)
+    assert best_model_draft(costs, 1.0, max_gamma=8) == (pytest.approx(9 / 3.25), 8)
 
 
 def test_pass_seconds_times_every_size_within_the_prompts_capacity():

@@ -1,4 +1,5 @@
-"""The best decode speedup speculation can give at one context length, from measured step costs.
+"""The decode speedup a model draft would give at its measured acceptance, from measured step
+costs at one context length.
 
 Standard speculative decoding expectation (Leviathan et al. 2023): with a per-token acceptance
 rate a, a pass that drafts gamma tokens emits on average
@@ -10,9 +11,13 @@ target decode step per token without speculation:
 
     speedup(gamma) = target_step * E(gamma) / (gamma * draft_step + verify(gamma + 1)).
 
-The ceiling is the best speedup over gamma in [0, max_gamma] (gamma = 0, the target alone, is
+The model-draft speedup is the best speedup over gamma in [0, max_gamma] (gamma = 0, the target alone, is
 1: the engine can always fall back to it). `measure_step_costs` times the passes with a few
 forward passes at the run's own context length.
+
+It is not a ceiling (issue 29): RAPID passes it with lookup copies, which cost no draft step,
+and with an adaptive gamma, whose acceptance differs from the fixed gamma's. The bounds no
+drafter can pass are in `bench/bounds.py` (docs/algorithm.md section 2.12).
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ def speedup(costs: StepCosts, acceptance: float, gamma: int) -> float:
     return costs.target_step * expected_tokens(acceptance, gamma) / seconds
 
 
-def ceiling(costs: StepCosts, acceptance: float, max_gamma: int = 32) -> tuple[float, int]:
+def best_model_draft(costs: StepCosts, acceptance: float, max_gamma: int = 32) -> tuple[float, int]:
     """(best speedup, the gamma that gives it) over gamma in [0, max_gamma]."""
     best = max(range(max_gamma + 1), key=lambda g: (speedup(costs, acceptance, g), -g))
     return speedup(costs, acceptance, best), best
