@@ -72,8 +72,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "p-hat-from-q-row-0",
         "p_hat of every row built from q's row 0",
         "rapid_integrations/verify.py",
-        "ph, p = p_hat(logp, q, cfg.eta",
-        "ph, p = p_hat(logp, q[:1].expand_as(q), cfg.eta",
+        "ph = p_hat(logp, q, cfg.eta",
+        "ph = p_hat(logp, q[:1].expand_as(q), cfg.eta",
         (ORACLE,),
     ),
     Mutant(
