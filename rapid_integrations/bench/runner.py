@@ -77,18 +77,17 @@ slower than a plain target step (docs/algorithm.md section 2.9). No confidence s
 eta > 0 the target leans toward the draft, so doubtful drafts are still kept (measured in
 docs/performance.md, "Why these defaults")."""
 NO_LOOKUP = (("lookup_ngram", 0),)
+DRAFT_CONFIDENCE = (("eta_rule", "draft-confidence"),)
+OFF_TOPIC = (("retriever", OffTopicRetriever()),)
 VARIANTS: dict[str, tuple[tuple[str, Any], ...]] = {
     "adaptive": ADAPTIVE,
     "adaptive-again": ADAPTIVE,
     "no-lookup": NO_LOOKUP,
     "adaptive+no-lookup": ADAPTIVE + NO_LOOKUP,
     "paper": (("confidence_guard", False),),
-    "draft-confidence": (("eta_rule", "draft-confidence"),),
-    "off-topic": (("retriever", OffTopicRetriever()),),
-    "draft-confidence+off-topic": (
-        ("eta_rule", "draft-confidence"),
-        ("retriever", OffTopicRetriever()),
-    ),
+    "draft-confidence": DRAFT_CONFIDENCE,
+    "off-topic": OFF_TOPIC,
+    "draft-confidence+off-topic": DRAFT_CONFIDENCE + OFF_TOPIC,
 }
 """Named rapid variants (their `RapidConfig` overrides): `--long` runs the first three, and
 `--variants` adds any of them to the QA suite. `adaptive-again` is `adaptive` run right after
@@ -110,8 +109,9 @@ class BenchSettings:
     and the figures give the spread of their per-round ratios); speed_lengths: lengths of
     the speed suite within the model's window, rope_lengths: beyond it (RoPE-scaled); either
     may be empty; speed_kinds: the prompts of the speed-only suites and of `long`, one task
-    of each kind a length (`bench/speed_tasks.py`); tiny_speed: run the upward/downward suites (at `lengths`); tiny_models: run
-    the QA and speed suites on the tiny random pair instead of real models (smoke tests).
+    of each kind a length (`bench/speed_tasks.py`); tiny_speed: run the upward/downward
+    suites (at `lengths`); tiny_models: run the QA and speed suites on the tiny random pair
+    instead of real models (smoke tests).
     Presets that replace the suites: long (the `long` suite at `lengths`, with rapid also at
     each of `gammas`), eta_sweep (QA only, prompt KV shared by the methods of a task), prefill
     (prefill time at `lengths` by `chunk_sizes`, against transformers and the compute bound).
@@ -591,9 +591,10 @@ def _speed_suite(
     share_prefill: bool = False,
 ) -> None:
     """`methods` on `tasks`, each decoding exactly `speed_tokens` tokens, `rounds` times in
-    turn; then the step costs at each task's length and each record's model-draft
-    speedup (`bench/model_draft.py`) and bounds (`bench/bounds.py`). Each round starts with no kept schedules, as a fresh engine would
-    (docs/algorithm.md section 2.11): its first adaptive call measures afresh."""
+    turn; then the step costs at each task's length and each record's model-draft speedup
+    (`bench/model_draft.py`) and bounds (`bench/bounds.py`). Each round starts with no kept
+    schedules, as a fresh engine would (docs/algorithm.md section 2.11): its first adaptive
+    call measures afresh."""
     if not tasks:
         return
     overrides = {
