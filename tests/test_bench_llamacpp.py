@@ -310,3 +310,25 @@ def test_a_prompt_past_the_window_is_refused_before_loading(tok):
             fake_engine(tok, 32), Method("llama.cpp"), [2] * 40, GGUF, max_new_tokens=4, library=lib
         )
     assert lib.made == []
+
+
+# ---- the real library, where it is installed ------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LLAMA_METHODS)
+def test_the_real_library_decodes_the_embedded_gguf(smol_engine, name):
+    """A short greedy call on the GGUF the embedded model ships as; skipped without
+    llama-cpp-python (`pip install "rapid-integrations[llamacpp]"`)."""
+    pytest.importorskip(llamacpp.LIBRARY)
+    from rapid_integrations.models import default_gguf_path
+    from rapid_integrations.tokens import encode_prompt
+
+    engine = smol_engine
+    prompt = [{"role": "user", "content": "List three colors of the rainbow."}]
+    ids = encode_prompt(prompt, engine.tokenizer, engine.vocab_size)
+    gguf = default_gguf_path()
+    run = measure_llamacpp(engine, Method(name), ids, gguf, max_new_tokens=8, ignore_eos=True)
+    assert run.new_tokens == 8 and run.answer.strip() and run.finish_reason == "length"
+    assert run.prefill_seconds > 0 and run.decode_tokens_per_second
+    assert run.peak_memory_bytes and run.target_forward_passes >= 1

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 LIBRARY = "llama_cpp"
 INSTALL = 'pip install "rapid-integrations[llamacpp]"'
-BUILD_TIME = "about 15 minutes on 2 cores"
+BUILD_TIME = "about 18 minutes on 2 cores"
 """How long pip takes to compile llama-cpp-python 0.3.36 from source (docs/benchmarks.md)."""
 LOOKUP_NGRAM = 2
 """The longest n-gram the prompt lookup matches: llama-cpp-python's default, and transformers'

@@ -300,7 +300,7 @@ def measure_llamacpp(
     rope = engine.target.config.rope_parameters or {}
     reset_peak_memory(CPU)
     baseline = current_memory_bytes(CPU)
-    threads = torch.get_num_threads()
+    threads = torch.get_num_threads()  # the engine's thread policy's pick: the same cores
     llama = llamacpp.load(gguf, context, threads, rope, lookup, library)
     try:
         llamacpp.check_vocabulary(llama, engine.tokenizer, engine.vocab_size)
