@@ -21,9 +21,10 @@ alone (with eta = 0 greedy, token for token: tests/test_batch.py), whatever else
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+import traceback
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -101,12 +102,10 @@ class BatchRunner:
         waiting = {i: c.feed for i, c in self._calls.items() if c.feed is not None}
         drafting = {i: f for i, f in waiting.items() if f.draft}
         for group in _by_model(drafting or waiting):
-            feeds = [waiting[i] for i in group]
-            try:
-                logits = feed_packed(feeds, LAYOUT)
-            except Exception as exc:  # the pass failed: so do the calls it read
+            logits = _packed([waiting[i] for i in group])
+            if isinstance(logits, Exception):  # the pass failed: so do the calls it read
                 for i in group:
-                    self._fail(i, exc)
+                    self._fail(i, logits)
                 continue
             for i, rows in zip(group, logits, strict=True):
                 self._advance(i, rows)
@@ -135,18 +134,60 @@ class BatchRunner:
     def _advance(self, call_id: int, logits: torch.Tensor | None) -> None:
         """Send a call its pass's logits [rows, V] (None: start it) and run it to its next
         pass; record its output when it finishes, its error when it fails."""
-        call = self._calls[call_id]
-        try:
-            call.feed = next(call.steps) if logits is None else call.steps.send(logits)
-        except StopIteration as done:
-            self.outputs[call_id] = done.value
+        outcome = _resume(self._calls[call_id], logits)
+        if isinstance(outcome, Feed):
+            self._calls[call_id].feed = outcome
+        elif isinstance(outcome, RapidOutput):
+            self.outputs[call_id] = outcome
             del self._calls[call_id]
-        except Exception as exc:
-            self._fail(call_id, exc)
+        else:
+            self._fail(call_id, outcome)
 
     def _fail(self, call_id: int, exc: Exception) -> None:
+        """Keep a failed call's error and drop the call. The error's frames are cleared, or
+        it would keep the call's caches alive for as long as `errors` holds it."""
+        traceback.clear_frames(exc.__traceback__)
         self.errors[call_id] = exc
         self.cancel(call_id)
+
+
+def generate_batch(
+    engine: RapidEngine,
+    prompts: Sequence[Prompt],
+    *,
+    options: CallOptions | None = None,
+    **overrides: Any,
+) -> list[RapidOutput]:
+    """`engine.generate` for each prompt, decoded together by a `BatchRunner`; each output is
+    the one `generate` would give (docs/algorithm.md section 14). The first call that failed
+    raises its error."""
+    runner = BatchRunner(engine)
+    ids = [runner.submit(prompt, options=options, **overrides) for prompt in prompts]
+    runner.run()
+    for i in ids:
+        if i in runner.errors:
+            raise runner.errors[i]
+    return [runner.outputs[i] for i in ids]
+
+
+def _resume(call: _Call, logits: torch.Tensor | None) -> Feed | RapidOutput | Exception:
+    """Run a call's loop to its next pass (its `Feed`), its output, or its error. The error is
+    returned, not raised, so that the frame that caught it has ended when `_fail` clears the
+    error's frames (a running frame cannot be cleared, and would keep the call alive)."""
+    try:
+        return next(call.steps) if logits is None else call.steps.send(logits)
+    except StopIteration as done:
+        return cast(RapidOutput, done.value)
+    except Exception as exc:
+        return exc
+
+
+def _packed(feeds: list[Feed]) -> list[torch.Tensor] | Exception:
+    """`kv.feed_packed` over `feeds`, or its error (returned as `_resume` returns one)."""
+    try:
+        return feed_packed(feeds, LAYOUT)
+    except Exception as exc:
+        return exc
 
 
 def _by_model(feeds: dict[int, Feed]) -> Iterable[list[int]]:

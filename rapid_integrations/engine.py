@@ -16,7 +16,7 @@ import os
 import random
 import time
 import traceback
-from collections.abc import Callable, Generator, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -403,26 +403,6 @@ class RapidEngine:
         return RapidStream(
             self._begin(prompt, _call_options(options, draft_prompt, mode, overrides))
         )
-
-    def generate_batch(
-        self,
-        prompts: Sequence[Prompt],
-        *,
-        options: CallOptions | None = None,
-        **overrides: Any,
-    ) -> list[RapidOutput]:
-        """`generate` for each prompt, decoded together (`batch.BatchRunner`: one packed
-        forward pass per model and step); each output is the one `generate` would give it
-        (docs/algorithm.md section 14). The first call that failed raises its error."""
-        from .batch import BatchRunner
-
-        runner = BatchRunner(self)
-        ids = [runner.submit(prompt, options=options, **overrides) for prompt in prompts]
-        runner.run()
-        for i in ids:
-            if i in runner.errors:
-                raise runner.errors[i]
-        return [runner.outputs[i] for i in ids]
 
     def _begin(self, prompt: Prompt, options: CallOptions) -> Generator[Delta, None, RapidOutput]:
         """Plan the call now, so that bad input raises here and not at a stream's first token;
