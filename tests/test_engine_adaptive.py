@@ -673,9 +673,9 @@ def test_every_q_the_verdict_reads_is_the_drafts_own(engines, draft, tok, monkey
         seen.append((x.tolist(), q, verdict[0], int(verdict[1])))
         return verdict
 
-    def read(self, tail, xs, qs, limit, find):
+    def read(self, tail, xs, qs, limit, find):  # a generator, as `_read` (kv.Forwards)
         before = self.copies
-        out = real_read(self, tail, xs, qs, limit, find)
+        out = yield from real_read(self, tail, xs, qs, limit, find)
         kept.append(self.copies - before)
         return out
 
