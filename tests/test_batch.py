@@ -27,7 +27,8 @@ from tests.tiny import char_tokenizer, json_tokenizer, tiny_llama
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
 
 # (prompt, draft prompt, per-call options): lengths 1 to 40, gammas 1 to 9, every mode,
-# lookup on and off, eta 0 and the default eta (greedy: argmax p_hat, section 2.7).
+# lookup on and off, eta 0 and the default eta (greedy: argmax p_hat, section 2.7), forced
+# tokens.
 CALLS = [
     ("abc def gh", "def", {"gamma": 1}),
     ("hello. ab cd ab cd ab", "ab cd", {"gamma": 4, "lookup_ngram": 0}),
@@ -38,6 +39,8 @@ CALLS = [
     ("ghi. jkl", "ghi", {"mode": "rag"}),
     ("a.b.c.d.e.f", "d.e", {"gamma": 2, "eta": 5.0}),
     ("lkj ihg fed", "fed", {"gamma": 5, "eta": 5.0, "lookup_ngram": 0}),
+    # A spent thinking budget: the end marker is committed by no model (section 13).
+    ("abc <think>", "abc", {"gamma": 4, "reasoning": True, "max_reasoning_tokens": 3}),
 ]
 
 
@@ -90,7 +93,7 @@ def run_mix(engine: RapidEngine, calls: list[tuple], joins: list[int]) -> list[l
 def test_each_call_decodes_as_it_would_alone(engines, kind, mix):
     engine = engines[kind]
     calls = CALLS[mix::3] + CALLS[(mix + 1) % 3 :: 3][:2]
-    joins = [0, 0, 3, 1, 7][: len(calls)]
+    joins = [0, 0, 3, 1, 7, 2][: len(calls)]
     want = [alone(engine, call) for call in calls]
     assert run_mix(engine, calls, joins) == want
 
