@@ -12,8 +12,11 @@ varlen layout of `kv.PackedCache`):
   pending token and drafts (ragged: each its own gamma, positions and KV length). Each call's
   verdict, rollback and schedule (its settle phase) follow on its own rows only.
 
-A call joins with `submit` (planned and prefilled then, between steps) and leaves when it
-finishes (`outputs`), fails (`errors`) or is cancelled (`cancel`); its caches go with it.
+A call joins with `submit` (planned then: bad input raises there) and is prefilled one chunk
+(`prefill_chunk_size`) per pass of its model: its target's chunks ride the verify passes, its
+draft's the draft passes, so a newcomer stalls the running calls by at most one chunk a step.
+It leaves when it finishes (`outputs`), fails (`errors`) or is cancelled (`cancel`); its caches
+go with it. A runner is driven by one thread.
 Every call keeps its own seed, caches and constraints, so its output is the one it would have
 alone (with eta = 0 greedy, token for token: tests/test_batch.py), whatever else runs.
 """
@@ -83,8 +86,8 @@ class BatchRunner:
         options: CallOptions | None = None,
         **overrides: Any,
     ) -> int:
-        """Plan and prefill a call now (bad input raises here); it joins at the next step.
-        Returns its id."""
+        """Plan a call now (bad input raises here); its prefill runs in the next steps, a
+        chunk a step, and then it decodes. Returns its id."""
         from .engine import _call_options
 
         call_id = next(self._ids)

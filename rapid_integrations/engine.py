@@ -441,7 +441,7 @@ class RapidEngine:
             feed = next(steps)
             while True:
                 yield from _released(deltas)
-                feed = steps.send(feed.state.feed(feed.tokens))
+                feed = steps.send(feed.state.feed(feed.tokens, feed.keep))
         except StopIteration as done:
             yield from _released(deltas)
             return cast(RapidOutput, done.value)
@@ -467,12 +467,12 @@ class RapidEngine:
         # Sampling and the verdict run where the deciding model's logits come out.
         gen = torch.Generator(logits_device(plan.main)).manual_seed(stats.seed)
         limit = min(cfg.max_new_tokens, plan.window - len(plan.ids))
-        target = self._start(plan.main, plan.ids, limit, cfg)
+        target = yield from self._start(plan.main, plan.ids, limit, cfg)
         stats.cached_prefix_tokens = target.reused_tokens
         shaping = self._constraints(plan, plan.main, "the model")
         # A grammar ends on its stop tokens even under ignore_eos: nothing may follow it.
         eos = frozenset() if cfg.ignore_eos and not plan.grammar else self.eos_token_ids
-        proposer, draft_shaping = self._proposer(plan, stats, gen, limit, eos)
+        proposer, draft_shaping = yield from self._proposer(plan, stats, gen, limit, eos)
         decode_start = time.perf_counter()
         stats.prefill_seconds = decode_start - start
 
@@ -524,8 +524,9 @@ class RapidEngine:
         gen: torch.Generator,
         limit: int,
         eos: frozenset[int],
-    ) -> tuple[Proposer | None, Constraints | None]:
-        """The call's drafting strategy (None: the target alone) and the draft's constraints."""
+    ) -> Forwards[tuple[Proposer | None, Constraints | None]]:
+        """The call's drafting strategy (None: the target alone) and the draft's constraints;
+        the draft's prefill passes are yielded (`_start`)."""
         if plan.draft_ids is None:
             return None, None
         cfg = plan.cfg
@@ -534,7 +535,7 @@ class RapidEngine:
         draft_gen = (
             gen if draft_at == gen.device else torch.Generator(draft_at).manual_seed(stats.seed + 1)
         )
-        draft = self._start(self.draft, plan.draft_ids, limit, cfg)
+        draft = yield from self._start(self.draft, plan.draft_ids, limit, cfg, draft=True)
         stats.draft_cached_prefix_tokens = draft.reused_tokens
         shaping = self._constraints(plan, self.draft, "the draft model")
         model = ModelProposer(draft, cfg, draft_gen, shaping, eos)
@@ -601,18 +602,28 @@ class RapidEngine:
         return self._grammar_compiler
 
     def _start(
-        self, model: PreTrainedModel, ids: list[int], limit: int, cfg: RapidConfig
-    ) -> KVState:
+        self,
+        model: PreTrainedModel,
+        ids: list[int],
+        limit: int,
+        cfg: RapidConfig,
+        draft: bool = False,
+    ) -> Forwards[KVState]:
+        """The sequence's cache, its prefill chunks yielded (`KVState.starting`; `draft`: the
+        draft's, run in a batch's draft phase)."""
         # A sequence never holds more than its prompt plus `limit` tokens: drafting stops
         # short of the budget, so drafts in flight fit too.
-        return KVState.start(
-            model,
-            ids,
-            self.vocab_size,
-            cfg.prefill_chunk_size,
-            capacity=len(ids) + limit,
-            prefixes=self.prefix_cache,
-            max_prefix_bytes=cfg.prefix_cache_bytes,
+        return (
+            yield from KVState.starting(
+                model,
+                ids,
+                self.vocab_size,
+                cfg.prefill_chunk_size,
+                len(ids) + limit,
+                self.prefix_cache,
+                cfg.prefix_cache_bytes,
+                draft,
+            )
         )
 
     def _plan(self, prompt: Prompt, options: CallOptions) -> tuple[_Plan, RapidStats]:

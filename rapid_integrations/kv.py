@@ -187,22 +187,41 @@ class KVState:
         prefixes: PrefixCache | None = None,
         max_prefix_bytes: int = 0,
     ) -> KVState:
+        """`starting`, its chunks run alone."""
+        return direct(
+            cls.starting(model, prompt, vocab, chunk, capacity, prefixes, max_prefix_bytes)
+        )
+
+    @classmethod
+    def starting(
+        cls,
+        model: PreTrainedModel,
+        prompt: list[int],
+        vocab: int,
+        chunk: int,
+        capacity: int,
+        prefixes: PrefixCache | None = None,
+        max_prefix_bytes: int = 0,
+        draft: bool = False,
+    ) -> Forwards[KVState]:
         """Prefill all but the last prompt token, reusing a stored prefix when one matches.
 
-        The rest is read in chunks of `chunk` tokens with one logit row kept per chunk, so the
-        prompt's full-vocabulary logits are never materialized. `capacity` bounds the tokens
+        The rest is read in chunks of `chunk` tokens, each a `Feed` (`draft`: its flag) that
+        keeps one logit row, so the prompt's full-vocabulary logits are never materialized
+        and a batch runs a newcomer's prefill one chunk a step. `capacity` bounds the tokens
         the sequence will ever hold (prompt, generated, and drafts in flight).
         """
         ids = torch.tensor(prompt, dtype=torch.long, device=model.device)
-        state = cls(model, new_cache(model, capacity), ids[-1:], vocab)
+        state = cls(model, new_cache(model, capacity), ids[:0], vocab)
         head = prompt[:-1]
         reuse = prefixes if max_prefix_bytes > 0 and state._plain_layers() else None
         if reuse is not None:
             state.reused_tokens, kv = reuse.lookup(model, head)
             state._load(kv)
         for start in range(state.reused_tokens, len(head), chunk):
-            part = ids[start : min(start + chunk, len(head))]
-            model(input_ids=part[None], **_cache_arg(model, state.cache), logits_to_keep=1)
+            yield Feed(state, ids[start : min(start + chunk, len(head))], draft, keep=1)
+        state.forward_passes, state.forward_seconds = 0, 0.0  # counted: decode passes only
+        state.pending = ids[-1:]
         if reuse is not None and head:
             reuse.store(model, head, state._views(), max_prefix_bytes)
         return state
@@ -224,12 +243,14 @@ class KVState:
         # Called only where `_plain_layers` holds (prefix reuse checks it first).
         return cast(list[BufferedLayer], self.cache.layers)
 
-    def feed(self, tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def feed(self, tokens: torch.Tensor | None = None, keep: int = 0) -> torch.Tensor:
         """Read `pending` then `tokens` ([k] int64 ids); return their logits [len, vocab]
-        (len = pending + k rows, in the model's dtype)."""
+        (len = pending + k rows, or the last `keep` when keep > 0; in the model's dtype)."""
         ids = self.take(tokens)
         start = time.perf_counter()
-        out = self.model(input_ids=ids[None], **_cache_arg(self.model, self.cache))
+        out = self.model(
+            input_ids=ids[None], **_cache_arg(self.model, self.cache), logits_to_keep=keep
+        )
         self.counted(time.perf_counter() - start)
         return out.logits[0, :, : self.vocab]
 
@@ -283,6 +304,7 @@ class Feed:
     state: KVState
     tokens: torch.Tensor | None = None
     draft: bool = False
+    keep: int = 0  # logit rows sent back: the last `keep` (0: all; `logits_to_keep`)
 
 
 Forwards = Generator[Feed, torch.Tensor, _R]
@@ -295,7 +317,7 @@ def direct(steps: Forwards[_R]) -> _R:
     try:
         feed = next(steps)
         while True:
-            feed = steps.send(feed.state.feed(feed.tokens))
+            feed = steps.send(feed.state.feed(feed.tokens, feed.keep))
     except StopIteration as done:
         return cast(_R, done.value)
 
@@ -359,6 +381,13 @@ def feed_packed(feeds: list[Feed], layout_key: str) -> list[torch.Tensor]:
             for s, i in zip(states, ids, strict=True)
         ]
     )  # [T_total]: each segment continues its own sequence
+    kept = [f.keep or len(i) for f, i in zip(feeds, ids, strict=True)]  # rows sent back
+    rows = torch.cat(
+        [
+            torch.arange(end - k, end, device=positions.device)
+            for end, k in zip(ends, kept, strict=True)
+        ]
+    )  # [sum(kept)]: the rows the output head reads
     layout = PackedCache([s.cache for s in states], bounds)
     start = time.perf_counter()
     out = model(
@@ -370,9 +399,10 @@ def feed_packed(feeds: list[Feed], layout_key: str) -> list[torch.Tensor]:
         attention_mask=torch.zeros(1, 1, 0, 0, dtype=torch.bool, device=positions.device),
         **_cache_arg(model, layout),
         **{layout_key: layout},
+        logits_to_keep=rows if len(rows) < ends[-1] else 0,
     )
     seconds = time.perf_counter() - start
     for state in states:
         state.counted(seconds)
-    logits = out.logits[0]  # [T_total, V]
-    return [logits[a:b, : s.vocab] for (a, b), s in zip(bounds, states, strict=True)]
+    logits = out.logits[0]  # [sum(kept), V]
+    return [part[:, : s.vocab] for part, s in zip(logits.split(kept), states, strict=True)]

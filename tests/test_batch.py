@@ -33,8 +33,8 @@ CALLS = [
     ("abc def gh", "def", {"gamma": 1}),
     ("hello. ab cd ab cd ab", "ab cd", {"gamma": 4, "lookup_ngram": 0}),
     ("k", "k", {"gamma": 9}),
-    ("jkl jkl jkl jkl abc abc abc a", "abc", {"gamma": 3, "mode": "sd"}),
-    ("ab " * 13 + "l", "ab", {"gamma": 6, "lookup_tokens": 4}),
+    ("jkl jkl jkl jkl abc abc abc a", "abc", {"gamma": 3, "mode": "sd", "prefill_chunk_size": 3}),
+    ("ab " * 13 + "l", "ab", {"gamma": 6, "lookup_tokens": 4, "prefill_chunk_size": 5}),
     ("fed cba", "cba", {"mode": "lc"}),
     ("ghi. jkl", "ghi", {"mode": "rag"}),
     ("a.b.c.d.e.f", "d.e", {"gamma": 2, "eta": 5.0}),
@@ -121,6 +121,34 @@ def test_one_verify_pass_reads_every_call(engines):
     assert widths[0] == 2 + 5 + 10
     passes = sum(o.stats.target_forward_passes for o in runner.outputs.values())
     assert len(widths) < passes  # the calls shared target passes
+
+
+def test_a_newcomers_prefill_runs_one_chunk_a_step(engines):
+    """A call that joins a running batch is prefilled one chunk per verify pass, beside the
+    running call's rows: no pass reads more than a chunk of its prompt, and the running call
+    commits tokens while the newcomer is still prefilling."""
+    engine = engines["separate"]
+    runner = BatchRunner(engine)
+    running = runner.submit("abc def", "def", gamma=2, lookup_ngram=0, max_new_tokens=40)
+    runner.step()
+    widths: list[int] = []
+    hook = engine.target.register_forward_hook(
+        lambda _m, _a, kw, _o: widths.append(kw["input_ids"].shape[-1]), with_kwargs=True
+    )
+    try:
+        newcomer = runner.submit("jkl abc " * 5, "abc", prefill_chunk_size=6, max_new_tokens=6)
+        assert widths == []  # submitting runs no pass: the prefill joins the steps
+        committed = 0
+        for _ in range(6 * 3):  # 7 chunks of the target's prompt, each a draft phase apart
+            runner.step()
+            committed += len(runner.take_deltas(running))
+    finally:
+        hook.remove()
+    assert max(widths) <= 6 + 1 + 2  # a chunk beside the running call's verify rows
+    assert committed > 0
+    runner.run()
+    want = engine.generate("jkl abc " * 5, "abc", prefill_chunk_size=6, max_new_tokens=6)
+    assert runner.outputs[newcomer].token_ids == want.token_ids
 
 
 def test_grammars_and_penalties_in_some_calls():
