@@ -232,7 +232,8 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--methods",
         type=_words,
-        help="lc,rag,sd,rapid,hf,hf-pld,magicdec (--long too; magicdec: --long or named)",
+        help="lc,rag,sd,rapid,hf,hf-pld; opt-in: magicdec (also --long), llama.cpp, "
+        "llama.cpp-lookup (need rapid-integrations[llamacpp])",
     )
     p.add_argument("--etas", type=_floats, help="eta values of rapid, e.g. 0,5,10")
     p.add_argument(

@@ -29,6 +29,43 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 os.environ.setdefault("RAPID_NUM_THREADS", str(torch.get_num_threads()))
 
 
+# The slowest files, slowest first (`pytest --durations=0`, summed per file). `make test`
+# hands whole files to its workers in collection order (`--dist loadfile
+# --no-loadscope-reorder`), the next to whichever worker is free: starting with the longest
+# keeps every worker busy to the end instead of one running a long file alone (longest
+# processing time first). A stale order costs only that balance, never a test.
+SLOWEST_FIRST = (
+    "test_engine_distribution.py",
+    "test_langchain_standard.py",
+    "test_sampling_options.py",
+    "test_serve_ray.py",
+    "test_hardening_faults.py",
+    "test_engine_adaptive.py",
+    "test_verdict_oracle.py",
+    "test_grammar.py",
+    "test_quiet.py",
+    "test_langchain_chains.py",
+    "test_engine_exact.py",
+    "test_llamaindex_docs.py",
+    "test_bench.py",
+    "test_reasoning.py",
+    "test_bench_suite.py",
+    "test_readme.py",
+    "test_langchain_tools.py",
+    "test_langchain_agents.py",
+    "test_hardening_concurrency.py",
+    "test_retrieval_faiss.py",
+    "test_hardening_soak.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Collect the slowest files first, in `SLOWEST_FIRST`'s order (the sort is stable: the
+    other files, and every file's own tests, keep their order)."""
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models and tensors: a thread pool only adds synchronization (its threads spin

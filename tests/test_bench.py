@@ -142,9 +142,11 @@ def test_settings_presets_and_validation():
     labels = [m.label for m in quick.method_list()]
     assert labels[:3] == ["lc", "rag", "sd"] and labels[-2:] == ["hf", "hf-pld"]
     assert sum(m.name == "rapid" for m in quick.method_list()) == len(quick.etas)
-    # magicdec (a self-draft of the full target) is opt-in, but --long runs it.
+    # magicdec (a self-draft of the full target) is opt-in, but --long runs it; llama.cpp
+    # (an optional extra) runs only when named.
+    opt_in = ("magicdec", "llama.cpp", "llama.cpp-lookup")
     assert (
-        BenchSettings().methods == DEFAULT_METHODS == tuple(m for m in METHODS if m != "magicdec")
+        BenchSettings().methods == DEFAULT_METHODS == tuple(m for m in METHODS if m not in opt_in)
     )
     assert "magicdec" in [m.name for m in long_methods(BenchSettings.preset("long"))]
     bad = [

@@ -138,6 +138,7 @@ def test_the_speed_table_marks_a_row_over_a_bound():
         "label": "rapid eta=5",
         "context_tokens": 16000.0,
         "draft_context_tokens": 500.0,
+        "prefill_seconds": 0.0,
         "decode_tokens_per_second": 10.0,
         "speedup_vs_lc": 3.0,
         "acceptance_rate": 0.9,

@@ -18,7 +18,7 @@ import logging, sys
 if sys.argv[1] == "debug":
     logging.getLogger("rapid_integrations").setLevel(logging.DEBUG)
 from rapid_integrations.engine import RapidEngine
-engine = RapidEngine.from_default()
+engine = RapidEngine(sys.argv[2]) if len(sys.argv) > 2 else RapidEngine.from_default()
 """
 # A long document: the draft reads it through retrieval, so the embedder loads and encodes.
 CALL = """
@@ -45,8 +45,9 @@ def test_rapid_help_and_importing_the_engine_print_nothing():
 
 
 @pytest.mark.slow
-def test_building_the_default_engine_and_a_rapid_call_print_nothing(smol):
+def test_building_the_default_engine_and_a_rapid_call_print_nothing(smol, tiny_model_dir):
     assert _stderr(sys.executable, "-c", BUILD + CALL, "quiet") == ""
-    # The logger at debug brings the third-party warnings and the loading bars back.
-    loud = _stderr(sys.executable, "-c", BUILD, "debug")
+    # The logger at debug brings the third-party warnings and the loading bars back (any load
+    # shows them: a tiny model's is seconds quicker than the default engine's).
+    loud = _stderr(sys.executable, "-c", BUILD, "debug", str(tiny_model_dir))
     assert PYTREE_NOISE in loud and "Loading weights" in loud

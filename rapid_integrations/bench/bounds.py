@@ -31,7 +31,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..config import RapidConfig
-from .methods import PROMPT_LOOKUP_TOKENS
+from .methods import LLAMA_METHODS, PROMPT_LOOKUP_TOKENS
 from .model_draft import StepCosts, best_model_draft
 
 log = logging.getLogger(__name__)
@@ -87,9 +87,12 @@ def widest_pass(config: RapidConfig, methods: Iterable[Any]) -> int:
     """K: the most tokens one verify pass of any of `methods` (bench `Method`s) can emit,
     on an engine configured by `config`: the most model drafts (a fixed gamma, or gamma_max
     under an adaptive one), the most copies of the lookup proposer, and the target's own
-    token; transformers' prompt lookup drafts `PROMPT_LOOKUP_TOKENS`; the target alone 1."""
+    token; transformers' prompt lookup drafts `PROMPT_LOOKUP_TOKENS`; the target alone 1.
+    llama.cpp's passes are not this target's (its records get no bounds): they do not count."""
     widths = [1]
     for method in methods:
+        if method.name in LLAMA_METHODS:
+            continue
         if method.name == "hf-pld":
             widths.append(PROMPT_LOOKUP_TOKENS + 1)
         elif method.name not in ("lc", "hf", "rag"):

@@ -3,20 +3,23 @@
 Engine methods (`lc`, `rag`, `sd`, `rapid`, and `magicdec`: the target drafting for itself over
 the attention sinks and recent window of its prompt, `bench/magicdec.py`) run through
 `RapidEngine.generate`; the baselines a user would reach for run through transformers
-`generate` on the target: greedy (`hf`) and prompt-lookup decoding (`hf-pld`). Every measurement returns the same fields, so one results
-record layout covers all of them (see `Measurement`).
+`generate` on the target: greedy (`hf`) and prompt-lookup decoding (`hf-pld`); and, opt-in,
+llama.cpp on the GGUF the embedded model ships as, greedy (`llama.cpp`) and with its prompt
+lookup (`llama.cpp-lookup`), through llama-cpp-python (`bench/llamacpp.py`). Every measurement
+returns the same fields, so one results record layout covers all of them (see `Measurement`).
 
 Timing definitions (seconds): prefill_seconds is the prompt's prefill (for transformers, the
 time to the first token, which includes it); time_to_first_token is from the call to the
 first generated token; decode_seconds covers the tokens after prefill, and
-decode_tokens_per_second = new tokens / decode_seconds (for transformers: tokens after the
-first / time after the first).
+decode_tokens_per_second = new tokens / decode_seconds (for transformers and llama.cpp: tokens
+after the first / time after the first; llama.cpp's prefill_seconds is its eval of the prompt).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -27,7 +30,7 @@ from ..config import Mode
 from ..engine import RapidEngine
 from ..outputs import RapidStats
 from ..tokens import Detokenizer, encode_prompt
-from . import magicdec
+from . import llamacpp, magicdec
 from .probe import (
     DecodeTimings,
     ForwardProbe,
@@ -38,10 +41,12 @@ from .probe import (
 
 ENGINE_METHODS = ("lc", "rag", "sd", "rapid", "magicdec")
 HF_METHODS = ("hf", "hf-pld")
-METHODS = ENGINE_METHODS + HF_METHODS
-OPT_IN_METHODS = ("magicdec",)
-"""Methods a run includes only when named (`--methods`, or the `--long` preset): a self-draft
-of the full target on every QA task costs more than it tells there."""
+LLAMA_METHODS = ("llama.cpp", "llama.cpp-lookup")
+METHODS = ENGINE_METHODS + HF_METHODS + LLAMA_METHODS
+OPT_IN_METHODS = ("magicdec", *LLAMA_METHODS)
+"""Methods a run includes only when named (`--methods`; magicdec also in the `--long` preset):
+a self-draft of the full target on every QA task costs more than it tells there, and the
+llama.cpp methods need an optional extra that compiles from source."""
 DEFAULT_METHODS = tuple(m for m in METHODS if m not in OPT_IN_METHODS)
 PROMPT_LOOKUP_TOKENS = 10
 """Draft length of transformers' prompt-lookup decoding (the value its docs suggest)."""
@@ -241,7 +246,6 @@ def measure_transformers(
     total = time.perf_counter() - start
     first = (clock.first or start + total) - start
     generated = _until_eos(out[0, len(prompt_ids) :].tolist(), frozenset(stops))
-    decode = total - first
     passes = sum(1 for c in probe.calls if c.start >= start + first)
     return Measurement(
         answer=_text(tokenizer, generated, stop),
@@ -250,13 +254,82 @@ def measure_transformers(
         draft_context_tokens=0,
         new_tokens=len(generated),
         prefill_seconds=first,
-        time_to_first_token=first,
-        decode_seconds=decode,
-        decode_tokens_per_second=(len(generated) - 1) / decode if len(generated) > 1 else None,
+        **_rate_fields(len(generated), first, total),
         target_forward_passes=passes + 1,
         peak_memory_bytes=peak_memory_bytes(model.device),
         baseline_memory_bytes=baseline,
-        **_timing_fields(probe.decode_timings(start + first), decode),
+        **_timing_fields(probe.decode_timings(start + first), total - first),
+    )
+
+
+def _rate_fields(new_tokens: int, first: float, total: float) -> dict[str, Any]:
+    """Time to the first of `new_tokens` and the decode rate of the others, from the seconds
+    of a call to its first token and to its end (a library's `generate` that hides its
+    prefill: transformers, llama.cpp)."""
+    decode = total - first
+    rate = (new_tokens - 1) / decode if new_tokens > 1 and decode > 0 else None
+    return {
+        "time_to_first_token": first,
+        "decode_seconds": decode,
+        "decode_tokens_per_second": rate,
+    }
+
+
+CPU = torch.device("cpu")
+"""Where llama.cpp runs and its memory is read: the process's resident set."""
+
+
+def measure_llamacpp(
+    engine: RapidEngine,
+    method: Method,
+    prompt_ids: list[int],
+    gguf: Path,
+    *,
+    max_new_tokens: int,
+    stop: tuple[str, ...] = (),
+    ignore_eos: bool = False,
+    library: Any = None,
+) -> Measurement:
+    """Greedy llama.cpp on `gguf` from the engine's prompt ids (`bench/llamacpp.py`), with
+    its prompt lookup for `llama.cpp-lookup`: the engine's eos ids, stop strings, answer cap,
+    window and RoPE scaling; its thread count is torch's as the engine set it. Loading the
+    model is not timed; its memory counts in the peak. `library`: the llama_cpp module
+    (imported when None; tests pass a fake)."""
+    lookup = PROMPT_LOOKUP_TOKENS if method.name == "llama.cpp-lookup" else 0
+    context = llamacpp.context_size(len(prompt_ids), max_new_tokens, engine.context_window)
+    rope = engine.target.config.rope_parameters or {}
+    reset_peak_memory(CPU)
+    baseline = current_memory_bytes(CPU)
+    threads = torch.get_num_threads()  # the engine's thread policy's pick: the same cores
+    llama = llamacpp.load(gguf, context, threads, rope, lookup, library)
+    try:
+        llamacpp.check_vocabulary(llama, engine.tokenizer, engine.vocab_size)
+        run = llamacpp.generate(
+            llama,
+            prompt_ids,
+            engine.tokenizer,
+            max_new_tokens=context - len(prompt_ids),
+            eos=frozenset() if ignore_eos else engine.eos_token_ids,
+            stop=stop,
+        )
+    finally:
+        llama.close()
+    drafted = run.drafted > 0
+    return Measurement(
+        answer=run.text,
+        finish_reason=run.finish_reason,
+        context_tokens=len(prompt_ids),
+        draft_context_tokens=0,
+        new_tokens=len(run.tokens),
+        prefill_seconds=run.prefill_seconds,
+        **_rate_fields(len(run.tokens), run.first_token_seconds, run.total_seconds),
+        drafted_tokens=run.drafted,
+        accepted_tokens=run.accepted,
+        acceptance_rate=run.accepted / run.drafted if drafted else None,
+        mean_accepted_per_pass=run.accepted / run.passes if drafted else None,
+        target_forward_passes=run.passes,
+        peak_memory_bytes=peak_memory_bytes(CPU),
+        baseline_memory_bytes=baseline,
     )
 
 
@@ -276,14 +349,19 @@ def _text(tokenizer: PreTrainedTokenizerBase, ids: list[int], stop: tuple[str, .
     return detok.text
 
 
-def warm_up(engine: RapidEngine, methods: list[Method], probe: ForwardProbe) -> None:
-    """One tiny call per method kind, so one-time costs (kernel selection, allocator growth)
-    stay out of the first measurement."""
+def warm_up(
+    engine: RapidEngine, methods: list[Method], probe: ForwardProbe, gguf: Path | None = None
+) -> None:
+    """One tiny call per method kind, so one-time costs (kernel selection, allocator growth,
+    llama.cpp's backend start on `gguf`) stay out of the first measurement."""
     prompt = [{"role": "user", "content": "Say hello."}]
     ids = encode_prompt(prompt, engine.tokenizer, engine.vocab_size)
     for method in {m.name: m for m in methods}.values():
         if method.name in HF_METHODS:
             measure_transformers(engine, method, ids, probe, max_new_tokens=4)
+        elif method.name in LLAMA_METHODS:
+            assert gguf is not None  # BenchSettings refuses these methods without a GGUF
+            measure_llamacpp(engine, method, ids, gguf, max_new_tokens=4)
         else:
             measure_engine(engine, method, prompt, prompt, probe, max_new_tokens=4)
 

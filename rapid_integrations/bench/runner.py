@@ -21,7 +21,7 @@ import dataclasses
 import os
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -37,16 +37,19 @@ from ..errors import RapidConfigError
 from ..models import LoadOptions, ensure_default_model, load_model, resolve_dtype
 from ..prompts import prepare_draft_prompt
 from ..tokens import encode_prompt
+from . import llamacpp
 from .bounds import Device, attach_bounds, read_bytes_per_second, weights_read_bytes, widest_pass
 from .dataset import CONTEXT_LENGTHS, TASK_KINDS, Task, build_tasks
 from .magicdec import streaming_ids
 from .methods import (
     DEFAULT_METHODS,
     ENGINE_METHODS,
+    LLAMA_METHODS,
     METHODS,
     Measurement,
     Method,
     measure_engine,
+    measure_llamacpp,
     measure_transformers,
     model_name,
     warm_up,
@@ -175,6 +178,10 @@ class BenchSettings:
         for name in ("per_cell", "max_new_tokens", "speed_tokens", "rounds"):
             _require(name, getattr(self, name) >= 1, "an integer >= 1")
         _require("gammas", all(1 <= g <= 64 for g in self.gammas), "integers in [1, 64]")
+        gguf_ok = not self.uses_llamacpp or (
+            not self.tiny_models and llamacpp.gguf_file(self.model) is not None
+        )
+        _require("methods", gguf_ok, "without llama.cpp ones unless the model is a GGUF")
         _require("chunk_sizes", self.chunk_sizes and min(self.chunk_sizes) >= 1, "sizes >= 1")
         if self.draft_precision is not None:
             check_choice("draft_precision", self.draft_precision, DRAFT_PRECISIONS)
@@ -201,15 +208,24 @@ class BenchSettings:
         base = cls(**PRESETS[name])
         return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
+    @property
+    def uses_llamacpp(self) -> bool:
+        """Whether the methods name a llama.cpp one."""
+        return bool(set(self.methods) & set(LLAMA_METHODS))
+
+    def gguf(self) -> Path | None:
+        """The GGUF the llama.cpp methods run (`bench/llamacpp.py`); None when none runs."""
+        return llamacpp.gguf_file(self.model) if self.uses_llamacpp else None
+
     def method_list(self) -> list[Method]:
         """The methods to run, rapid expanded over `etas` and its `variants` over
-        `variant_etas`."""
-        return [
+        `variant_etas`; the llama.cpp ones only where llama-cpp-python is installed."""
+        return runnable(
             method
             for name in METHODS
             if name in self.methods
             for method in (self._rapid_methods() if name == "rapid" else [Method.of(name)])
-        ]
+        )
 
     def _rapid_methods(self) -> list[Method]:
         plain = [Method("rapid", eta) for eta in self.etas]
@@ -226,6 +242,12 @@ def _require(name: str, ok: object, expected: str) -> None:
         raise RapidConfigError(name, f"must be {expected}")
 
 
+def runnable(methods: Iterable[Method]) -> list[Method]:
+    """`methods` without the llama.cpp ones where llama-cpp-python is missing (logged once:
+    the run goes on with the others)."""
+    return [m for m in methods if m.name not in LLAMA_METHODS or llamacpp.available()]
+
+
 QUICK: dict[str, Any] = {
     "quick": True,
     "per_cell": 1,
@@ -239,14 +261,15 @@ only; `--rope-lengths 16384` adds a 16K RoPE-scaled run (its cost: docs/benchmar
 "Presets and options")."""
 LONG: dict[str, Any] = {
     "long": True,
-    "methods": METHODS,
+    "methods": tuple(m for m in METHODS if m not in LLAMA_METHODS),
     "lengths": (16384, 32768),
     "gammas": (4, 16),
     "etas": (DEFAULT_ETA,),
 }
 """The `--long` preset: the `long` suite at 16K and 32K (YaRN-scaled past the window); 64K is
-opt-in (`--lengths 16384,32768,65536`). `--etas 0` compares the schedules text for text: at
-eta 0 every schedule writes the target's own greedy text, up to bf16 rounding."""
+opt-in (`--lengths 16384,32768,65536`), and so are the llama.cpp methods (`--methods`).
+`--etas 0` compares the schedules text for text: at eta 0 every schedule writes the target's
+own greedy text, up to bf16 rounding."""
 ETA_SWEEP: dict[str, Any] = {
     "eta_sweep": True,
     "methods": ("lc", "rag", "rapid"),
@@ -299,8 +322,9 @@ after `lc` (SmolLM2 bf16: 1.5 GB)."""
 
 def long_methods(settings: BenchSettings) -> list[Method]:
     """Those of lc, sd, rapid at each of `etas` (fixed gamma; at each of `gammas`; adaptive;
-    without the lookup proposer) and transformers prompt lookup that `settings.methods` names
-    (a 64K run may skip the slow ones). The first prefills, the others reuse it: lc first."""
+    without the lookup proposer), magicdec, transformers prompt lookup and llama.cpp that
+    `settings.methods` names (a 64K run may skip the slow ones). The first prefills, the
+    engine's others reuse it: lc first (transformers and llama.cpp prefill their own)."""
     rapid = [
         method
         for eta in settings.etas
@@ -310,8 +334,9 @@ def long_methods(settings: BenchSettings) -> list[Method]:
             *(Method("rapid", eta, name, VARIANTS[name]) for name in LONG_VARIANTS),
         )
     ]
-    every = [Method("lc"), Method("sd"), *rapid, Method.of("magicdec"), Method("hf-pld")]
-    return [method for method in every if method.name in settings.methods]
+    others = [Method.of(name) for name in ("magicdec", "hf-pld", *LLAMA_METHODS)]
+    every = [Method("lc"), Method("sd"), *rapid, *others]
+    return runnable(method for method in every if method.name in settings.methods)
 
 
 @dataclass(frozen=True)
@@ -353,7 +378,7 @@ class _Session:
 
     def run(self, call: _Call) -> None:
         """Measure one call and keep its record; speed-only suites are not scored."""
-        record = _record(call, _measure(call))
+        record = _record(call, _measure(call, self.settings.gguf()))
         if call.suite.name not in QA_SUITES:
             record.update(accuracy=None, f1=None)
         record["dtype"] = str(self.dtype).removeprefix("torch.")
@@ -527,7 +552,7 @@ def _qa_suite(session: _Session, engine: RapidEngine, tasks: list[Task], name: s
     with ForwardProbe([engine.target, engine.draft]) as probe:
         share = settings.eta_sweep or name == "broad"
         suite = _Suite(name, engine, probe, overrides, share_prefill=share)
-        warm_up(engine, methods, probe)
+        warm_up(engine, methods, probe, settings.gguf())
         for task, followup in zip(tasks, _followups(settings, tasks), strict=True):
             retrieved = _Retrieved.build(engine, task, any(m.retrieves for m in methods))
             for i, method in enumerate(methods):
@@ -609,7 +634,7 @@ def _speed_suite(
     device = _bounds_device(session, engine, methods)
     with ForwardProbe([engine.target, engine.draft]) as probe:
         settings = _Suite(suite, engine, probe, overrides, share_prefill)
-        warm_up(engine, list(methods), probe)
+        warm_up(engine, list(methods), probe, session.settings.gguf())
         for task in tasks:
             retrieved = _Retrieved.build(engine, task, True)
             for round_ in range(1, session.settings.rounds + 1):
@@ -672,7 +697,9 @@ def attach_step_costs(
         record["step_costs"] = dataclasses.asdict(costs)
         best, gamma = best_model_draft(costs, record["acceptance_rate"], max(VERIFY_TOKENS) - 1)
         record["model_draft_speedup"], record["model_draft_gamma"] = best, gamma
-    attach_bounds(mine, StepCosts(target[1], 0.0, verify), device)
+    # The bounds are this engine's target's; llama.cpp runs other code on other weights.
+    ours = [r for r in mine if r["method"] not in LLAMA_METHODS]
+    attach_bounds(ours, StepCosts(target[1], 0.0, verify), device)
 
 
 DRAFT_READS = ("sd", "rapid", "magicdec")
@@ -725,7 +752,7 @@ class _Retrieved:
         return cls(built.prompt, seconds, found / len(task.facts) if task.facts else None)
 
 
-def _measure(call: _Call) -> Measurement:
+def _measure(call: _Call, gguf: Path | None) -> Measurement:
     engine, method, task, overrides = (
         call.suite.engine,
         call.method,
@@ -744,17 +771,15 @@ def _measure(call: _Call) -> Measurement:
             **overrides,
         )
     ids = encode_prompt(task.messages, engine.tokenizer, engine.vocab_size)
-    limit, stop = overrides["max_new_tokens"], overrides["stop"]
-    ignore_eos = overrides.get("ignore_eos", False)
-    return measure_transformers(
-        engine,
-        method,
-        ids,
-        call.suite.probe,
-        max_new_tokens=limit,
-        stop=stop,
-        ignore_eos=ignore_eos,
-    )
+    ending = {
+        "max_new_tokens": overrides["max_new_tokens"],
+        "stop": overrides["stop"],
+        "ignore_eos": overrides.get("ignore_eos", False),
+    }
+    if method.name in LLAMA_METHODS:
+        assert gguf is not None  # BenchSettings refuses these methods without a GGUF
+        return measure_llamacpp(engine, method, ids, gguf, **ending)
+    return measure_transformers(engine, method, ids, call.suite.probe, **ending)
 
 
 def _record(call: _Call, measured: Measurement) -> dict[str, Any]:

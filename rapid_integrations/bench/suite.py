@@ -25,6 +25,7 @@ never changes when other tasks or settings change. Seeds split the tasks: even s
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -117,6 +118,10 @@ class _Plan:
     absent: str | None = None
 
 
+_RUN = 4
+"""The longest value drawn, in words ("the copper heron depot")."""
+
+
 class _Draw:
     """The task's RNG and the names and numbers it has drawn: a draw is new, and not a word
     (or run of words) of the filler text, so no two facts share a name and the filler never
@@ -126,11 +131,35 @@ class _Draw:
         self.rng, self.filler = rng, filler
         self.used: set[str] = set()
 
+    @functools.cached_property
+    def spans(self) -> dict[tuple[str, ...], list[tuple[int, int]]]:
+        """Where each run of up to _RUN words of the filler starts and ends (character
+        offsets), by its words. Built on the first draw the filler holds as a substring: a
+        regex scan of the whole filler per draw took seconds where it names most candidates."""
+        spans: dict[tuple[str, ...], list[tuple[int, int]]] = {}
+        found = list(re.finditer(r"\w+", self.filler))
+        words = [m.group() for m in found]
+        for n in range(1, _RUN + 1):
+            for i in range(len(found) - n + 1):
+                span = (found[i].start(), found[i + n - 1].end())
+                spans.setdefault(tuple(words[i : i + n]), []).append(span)
+        return spans
+
+    def _named(self, value: str) -> bool:
+        """True when `value` occurs in the filler as a word or run of words: for a value that
+        starts and ends on a word character, exactly where its own words run over a span whose
+        text is the value."""
+        if value not in self.filler:
+            return False
+        words = tuple(re.findall(r"\w+", value))
+        if len(words) > _RUN or not re.fullmatch(r"\w(.*\w)?", value, re.DOTALL):
+            return re.search(rf"(?<!\w){re.escape(value)}(?!\w)", self.filler) is not None
+        return any(self.filler[a:b] == value for a, b in self.spans.get(words, ()))
+
     def _fresh(self, make: Callable[[], str]) -> str:
         while True:
             value = make()
-            named = re.search(rf"(?<!\w){re.escape(value)}(?!\w)", self.filler)
-            if value not in self.used and not named:
+            if value not in self.used and not self._named(value):
                 self.used.add(value)
                 return value
 

@@ -148,7 +148,9 @@ def _cells_table(cells: list[Record]) -> str:
 
 
 def _speed_table(summary: list[Record]) -> str:
-    """One row per suite, length, kind of prompt (`--speed-kinds`) and method."""
+    """One row per suite, length, kind of prompt (`--speed-kinds`) and method; prefill s is
+    the call's own (near 0 where `--long` reused lc's prompt KV), so lc, transformers and
+    llama.cpp prefills compare side by side."""
     rows = [
         [
             r["suite"],
@@ -157,6 +159,7 @@ def _speed_table(summary: list[Record]) -> str:
             r["label"],
             _fmt(r["context_tokens"], ".0f"),
             _fmt(r["draft_context_tokens"], ".0f"),
+            _fmt(r["prefill_seconds"], ".1f"),
             _fmt(r["decode_tokens_per_second"], ".1f"),
             _fmt(r["speedup_vs_lc"]),
             _fmt(r["acceptance_rate"]),
@@ -175,6 +178,7 @@ def _speed_table(summary: list[Record]) -> str:
         "method",
         "target tokens",
         "draft tokens",
+        "prefill s",
         "decode tok/s",
         "speedup vs lc",
         "acceptance",
