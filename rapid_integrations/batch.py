@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import traceback
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -47,11 +47,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class _Call:
-    """A running call: its loop, the pass it waits for, the deltas not yet taken."""
+    """A running call: its loop and the pass it waits for."""
 
     steps: Forwards[RapidOutput]
     feed: Feed | None = None
-    deltas: list[Delta] = field(default_factory=list)
 
 
 class BatchRunner:
@@ -68,6 +67,7 @@ class BatchRunner:
             _check_packable(model, role)
         self._engine = engine
         self._calls: dict[int, _Call] = {}
+        self._deltas: dict[int, list[Delta]] = {}  # committed, not yet taken
         self._ids = itertools.count()
         self.outputs: dict[int, RapidOutput] = {}
         self.errors: dict[int, Exception] = {}
@@ -94,7 +94,7 @@ class BatchRunner:
         deltas: list[Delta] = []
         resolved = _call_options(options, draft_prompt, mode, overrides)
         steps = self._engine._decoding(prompt, resolved, deltas.append)
-        self._calls[call_id] = _Call(steps, deltas=deltas)
+        self._calls[call_id], self._deltas[call_id] = _Call(steps), deltas
         self._advance(call_id, None)
         return call_id
 
@@ -118,6 +118,7 @@ class BatchRunner:
         call = self._calls.pop(call_id, None)
         if call is not None:
             call.steps.close()
+            self._deltas.pop(call_id, None)
 
     def run(self) -> None:
         """Step until every call has finished."""
@@ -125,12 +126,13 @@ class BatchRunner:
             self.step()
 
     def take_deltas(self, call_id: int) -> list[Delta]:
-        """The deltas a running call committed since the last take."""
-        call = self._calls.get(call_id)
-        if call is None:
-            return []
-        taken = call.deltas[:]
-        call.deltas.clear()
+        """The deltas a call committed since the last take; a finished call's last ones are
+        kept until taken, a cancelled or failed call's are dropped with it."""
+        deltas = self._deltas.get(call_id, [])
+        taken = deltas[:]
+        deltas.clear()
+        if call_id not in self._calls:
+            self._deltas.pop(call_id, None)
         return taken
 
     @torch.inference_mode()

@@ -151,6 +151,33 @@ def test_a_newcomers_prefill_runs_one_chunk_a_step(engines):
     assert runner.outputs[newcomer].token_ids == want.token_ids
 
 
+def test_streamed_deltas_and_log_probabilities_are_each_calls_own(engines):
+    """A call's deltas, taken as the batch runs, join to its output, and its log
+    probabilities (section 12) are those it gets alone (to float rounding: its rows come from
+    a packed pass)."""
+    engine = engines["separate"]
+    calls = [
+        ("abc def gh", "def", {"gamma": 3, "logprobs": True, "top_logprobs": 2}),
+        ("hello. ab", "ab", {"gamma": 5, "eta": 5.0, "logprobs": True, "logprobs_p_hat": True}),
+    ]
+    runner = BatchRunner(engine)
+    ids = [submit(runner, call) for call in calls]
+    texts = {i: "" for i in ids}
+    while runner.running:
+        runner.step()
+        for i in ids:
+            texts[i] += "".join(d.text for d in runner.take_deltas(i))
+    for i, call in zip(ids, calls, strict=True):
+        out, want = runner.outputs[i], engine.generate(call[0], call[1], **call[2])
+        assert out.token_ids == want.token_ids and texts[i] == out.text == want.text
+        for got, ref in zip(out.logprobs, want.logprobs, strict=True):
+            assert got.token_id == ref.token_id
+            assert got.logprob == pytest.approx(ref.logprob, abs=1e-4)
+            assert [t.token_id for t in got.top_logprobs] == [t.token_id for t in ref.top_logprobs]
+            if ref.p_hat_logprob is not None:
+                assert got.p_hat_logprob == pytest.approx(ref.p_hat_logprob, abs=1e-4)
+
+
 def test_grammars_and_penalties_in_some_calls():
     """Calls under a grammar (section 10) or a repetition penalty (section 9) beside plain
     ones: each equals its own unbatched output."""
