@@ -12,8 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from rapid_integrations import Grammar, RapidConfig, RapidConfigError, RapidEngine
-from rapid_integrations.batch import BatchRunner, generate_batch
+from rapid_integrations import (
+    BatchRunner,
+    Grammar,
+    RapidConfig,
+    RapidConfigError,
+    RapidEngine,
+    generate_batch,
+)
 from tests import oracle
 from tests.test_engine_distribution import (
     FAR_DRAFT_PROMPT,
