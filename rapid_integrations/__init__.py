@@ -31,12 +31,14 @@ prefer_passive_wait()  # before torch loads: OpenMP reads it once (threads.py)
 _quiet_start()  # third-party warnings off stderr unless asked for (quiet.py)
 
 if TYPE_CHECKING:
+    from .batch import BatchRunner, generate_batch
     from .engine import RapidEngine
     from .grammar import Grammar
     from .prompts import build_draft_prompt
     from .retrieval import ContextRetriever, FaissContextRetriever
 
 __all__ = [
+    "BatchRunner",
     "CallFragment",
     "CallOptions",
     "ContextRetriever",
@@ -60,10 +62,13 @@ __all__ = [
     "ToolCall",
     "VocabularyMismatchError",
     "build_draft_prompt",
+    "generate_batch",
 ]
 
 # Names whose modules pull in torch / transformers: imported on first use.
 _LAZY = {
+    "BatchRunner": "batch",
+    "generate_batch": "batch",
     "RapidEngine": "engine",
     "build_draft_prompt": "prompts",
     "ContextRetriever": "retrieval",

@@ -9,18 +9,27 @@ On CPU in bf16/fp16, PyTorch's flash kernel is slow for few queries (measured in
 docs/performance.md, "Why these defaults"), so the scores are two matmuls with an fp32 softmax
 instead. Long query blocks (prefill) and anything unusual go to transformers' own SDPA
 function unchanged.
+
+A packed forward pass of several sequences (`kv.PackedCache`, the varlen layout) passes its
+layout as the `rapid_layout` keyword: each segment's queries attend to their own sequence's
+KV, each under its own causal mask (`_varlen`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+if TYPE_CHECKING:
+    from .kv import PackedCache
+
 NAME = "rapid_decode"
+LAYOUT = "rapid_layout"
+"""The forward keyword that carries a packed pass's `kv.PackedCache` down to attention."""
 MAX_FOLDED_QUERIES = 64  # decode and verify blocks; longer blocks are prefill
 
 
@@ -35,6 +44,9 @@ def rapid_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Attention with transformers' signature; returns output [b, q, Hq, d]."""
+    layout = kwargs.pop(LAYOUT, None)
+    if layout is not None:
+        return _varlen(module, query, layout, dropout, scaling, **kwargs)
     batch, heads, q_len, dim = query.shape
     groups = heads // key.shape[1]
     plain = (
@@ -70,6 +82,36 @@ def rapid_attention(
             folded, key, value, attn_mask=mask, scale=scale
         )
     return out.reshape(1, heads, q_len, dim).transpose(1, 2).contiguous(), None
+
+
+def _varlen(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    layout: PackedCache,
+    dropout: float,
+    scaling: float | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention of a packed row: query [1, Hq, T_total, d], segment i (`layout.bounds`)
+    against its own sequence's keys and values [1, Hkv, kv_i, d] (`layout.kv`), new tokens
+    last; returns [1, T_total, Hq, d]. Segment i's t_i queries sit at the last t_i positions
+    of its KV: query j sees keys 0 .. kv_i - t_i + j, the mask transformers' `sdpa_mask`
+    builds for one sequence (none for one query, as there), so each segment computes what its
+    sequence's own forward pass would."""
+    outputs = []
+    for segment, (start, end) in enumerate(layout.bounds):
+        key, value = layout.kv(module.layer_idx, segment)  # type: ignore[arg-type]
+        t, kv = end - start, key.shape[-2]
+        mask = None
+        if t > 1:
+            seen = torch.arange(kv, device=key.device)[None, :]  # [1, kv]
+            last = torch.arange(kv - t, kv, device=key.device)[:, None]  # [t, 1]
+            mask = (seen <= last)[None, None]  # [1, 1, t, kv]
+        out, _ = rapid_attention(
+            module, query[:, :, start:end], key, value, mask, dropout, scaling, **kwargs
+        )
+        outputs.append(out)  # [1, t, Hq, d]
+    return torch.cat(outputs, dim=1), None
 
 
 def _matmul_attention(

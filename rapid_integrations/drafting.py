@@ -11,6 +11,9 @@ the loop (`engine.speculate`) sees nothing else. Terms, as in docs/algorithm.md 
 * bonus row: the position past the last draft, where the target emits one more token.
 
 A proposer may return fewer drafts than asked (section 2.9): the loop verifies what it got.
+Drafting and reading ahead are `kv.Forwards` generators: they yield each forward pass of the
+draft model as a `kv.Feed`, so one loop serves a sequence alone (`kv.direct`) and in a batch,
+whose draft passes run packed together (`batch.BatchRunner`).
 `ModelProposer` drafts with a model; `LookupProposer` offers copies; `LookupFirst` has the
 model vet them as it drafts.
 """
@@ -24,7 +27,7 @@ import torch
 
 from .config import RapidConfig
 from .constraints import Constraints
-from .kv import KVState
+from .kv import Feed, Forwards, KVState
 from .sampling import check_finite, log_probs
 
 Find = Callable[[list[int], int], list[int]]
@@ -53,7 +56,9 @@ class Proposer(Protocol):
         those the target kept ((0, 0) without a lookup; `stats.lookup_drafted_tokens`)."""
         ...
 
-    def propose(self, gamma: int, room: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def propose(
+        self, gamma: int, room: int = 0
+    ) -> Forwards[tuple[torch.Tensor, torch.Tensor | None]]:
         """Draft k tokens, 0 <= k <= max(gamma, room): ids [k] and the draft model's
         distributions q at their positions, [k, V], or [k + 1, V] with a row one past them
         (None when the verdict does not need q, see `needs_q`). A model drafts at most
@@ -64,7 +69,7 @@ class Proposer(Protocol):
         """The target kept the first `accepted` of the `gamma` drafts, then emitted `token` [1]."""
         ...
 
-    def q_here(self) -> torch.Tensor | None:
+    def q_here(self) -> Forwards[torch.Tensor | None]:
         """No drafts, only the draft model's q [1, V] at the next position (None with eta = 0):
         a pass with no room for drafts still follows p_hat (docs/algorithm.md section 2.7)."""
         ...
@@ -115,7 +120,7 @@ class ModelProposer:
 
     def propose(
         self, gamma: int, room: int = 0, find: Find | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> Forwards[tuple[torch.Tensor, torch.Tensor | None]]:
         """Draft ids x [k] (int64) and q [k, V] (None unless needed; [k + 1, V] with eta > 0,
         a row for the bonus position too, unless x_k ends the call). The model picks at most
         `gamma` of them: fewer when the confidence threshold or an end id stops drafting.
@@ -134,7 +139,7 @@ class ModelProposer:
         tail = self._x[:0]  # what the draft reads next: its pending tokens, then the last pick
         limit = max(gamma, room)
         while True:
-            logits, unkept = self._read(tail, xs, qs, limit, find)
+            logits, unkept = yield from self._read(tail, xs, qs, limit, find)
             if len(picked) >= gamma or len(xs) >= limit or self._ended(xs):
                 read_all = True  # nothing left to pick: the bonus row is `logits`
                 break
@@ -151,7 +156,7 @@ class ModelProposer:
             if not (more and self._confident(logits, tail, q) and not self._ends(tail)):
                 read_all = False
                 break
-        return self._finish(xs, qs, picked, logits if read_all else None)
+        return (yield from self._finish(xs, qs, picked, logits if read_all else None))
 
     def _read(
         self,
@@ -160,7 +165,7 @@ class ModelProposer:
         qs: list[torch.Tensor],
         limit: int,
         find: Find | None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> Forwards[tuple[torch.Tensor, torch.Tensor | None]]:
         """One forward pass of the draft over `tail` ([t] ids) and the copies `find` offers
         after the drafts xs (up to `limit` drafts in all). Copy i is kept with probability
         q_i(x_i), a one-hot proposal's acceptance (greedy: while each is q's argmax, the
@@ -172,7 +177,7 @@ class ModelProposer:
         found = find(torch.cat(xs).tolist() if xs else [], n) if find and n > 0 else []
         copies = torch.tensor(found, dtype=torch.long, device=tail.device)
         k = copies.numel()
-        rows = self.state.feed(torch.cat([tail, copies]))[-(k + 1) :]  # [k + 1, V] logits
+        rows = (yield self._feed(torch.cat([tail, copies])))[-(k + 1) :]  # [k + 1, V] logits
         if not k:
             return rows[0], None
         q = self._q(rows[:k]) if self._need_q else None  # [k, V]
@@ -196,7 +201,7 @@ class ModelProposer:
         qs: list[torch.Tensor],
         picked: list[torch.Tensor],
         past: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> Forwards[tuple[torch.Tensor, torch.Tensor | None]]:
         """The proposal from drafts xs, their q rows and the model picks' logits; `past` [V]:
         the draft's logits past every draft (it has read them all), None when it has not
         read the last pick. With eta > 0 the bonus row's q comes from `past`, or from one more
@@ -205,7 +210,7 @@ class ModelProposer:
         self._fed = len(xs) - (past is None)
         if self.reads_ahead and not self._ended(xs):
             if past is None:
-                past = self.state.feed(xs[-1])[-1]
+                past = (yield self._feed(xs[-1]))[-1]
                 self._fed += 1
             qs.append(self._q(past[None])[0])
         if not self._need_q and picked:
@@ -259,10 +264,16 @@ class ModelProposer:
         """Whether the last of the drafts xs ([1] each) ends the call."""
         return bool(xs) and self._ends(xs[-1])
 
-    def q_here(self) -> torch.Tensor | None:
+    def q_here(self) -> Forwards[torch.Tensor | None]:
         """See `Proposer.q_here`: the draft reads its pending tokens and drafts nothing."""
         self._x, self._fed, self.copied_at = self._x[:0], 0, []
-        return self._q(self.state.feed()[-1:]) if self.reads_ahead else None
+        if not self.reads_ahead:
+            return None
+        return self._q((yield self._feed())[-1:])
+
+    def _feed(self, tokens: torch.Tensor | None = None) -> Feed:
+        """A forward pass of the draft over its pending tokens and `tokens` ([k] ids)."""
+        return Feed(self.state, tokens, draft=True)
 
     def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
         """Roll the draft cache back to the kept drafts and queue `token` [1] (int64) after them."""
@@ -350,18 +361,20 @@ class LookupFirst:
     def lookup_counts(self) -> tuple[int, int]:
         return self.model.lookup_counts
 
-    def propose(self, gamma: int, room: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def propose(
+        self, gamma: int, room: int = 0
+    ) -> Forwards[tuple[torch.Tensor, torch.Tensor | None]]:
         """See `Proposer.propose`: ids [k] and q [k, V] or [k + 1, V] (or None)."""
         # After the payoff stop (gamma 0) copies stop too: the draft would read every token
         # emitted since it last read to vet them, which costs more than a target step
         # (measured in docs/performance.md, "Why these defaults").
         find = self.lookup.find if gamma else None
-        self._x, q = self.model.propose(gamma, room, find)
+        self._x, q = yield from self.model.propose(gamma, room, find)
         return self._x, q
 
-    def q_here(self) -> torch.Tensor | None:
+    def q_here(self) -> Forwards[torch.Tensor | None]:
         self._x = self._x[:0]
-        return self.model.q_here()
+        return (yield from self.model.q_here())
 
     def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
         """See `Proposer.commit`; the lookup's sequence grows by the kept drafts and `token`

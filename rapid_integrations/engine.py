@@ -12,7 +12,6 @@ both KV caches are rolled back to what was kept. Modes reuse the same loop:
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
 import random
 import time
@@ -37,7 +36,7 @@ from .errors import (
     RapidInputError,
     VocabularyMismatchError,
 )
-from .kv import KVState, check_cache_layout
+from .kv import Feed, Forwards, KVState, check_cache_layout
 from .logprobs import LogprobScorer, token_bytes
 from .models import (
     LoadOptions,
@@ -69,20 +68,9 @@ if TYPE_CHECKING:
 _OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "not enough memory")
 
 
-def speculate(
-    target: KVState,
-    proposer: Proposer | None,
-    schedule: GammaSchedule,
-    cfg: RapidConfig,
-    gen: torch.Generator,
-    budget: Callable[[], int],
-    stats: RapidStats,
-    end_ids: torch.Tensor | None = None,
-    constraints: Constraints | None = None,
-    scorer: LogprobScorer | None = None,
-    force: Callable[[], list[int]] | None = None,
-) -> Iterator[list[int]]:
-    """Yield the tokens committed by each target pass (accepted drafts, then one more).
+@dataclass
+class Loop:
+    """One sequence's decoding loop: what each of its passes reads and updates.
 
     `schedule` says how many drafts to ask for, and learns from every pass.
     `budget()` is how many tokens may still be emitted; drafting never proposes past it.
@@ -90,66 +78,117 @@ def speculate(
     shape the target's logits (docs/algorithm.md section 9; None: raw logits); `scorer`
     scores each pass's committed tokens (section 12; None: no log probabilities). `force()`,
     asked before each pass, gives tokens to commit that no model chose (the end marker of a
-    spent thinking budget, section 13; [] for none): they are yielded as a step of their own.
+    spent thinking budget, section 13; [] for none): they are committed as a step of their own.
     """
-    while True:
-        forced = force() if force else []
-        if forced:
-            _force(target, proposer, constraints, scorer, forced)
-            yield forced
-        start = time.perf_counter()
-        left = budget() - 1 if proposer and schedule.drafting else 0
-        asked = min(schedule.gamma, left)
-        forwards = proposer.state.forward_passes if proposer else 0
-        x, q = target.pending[:0], None  # a plain step: q too, unless drafting stopped (2.7)
-        if proposer and left > 0:
-            x, q = proposer.propose(asked, left)
-        elif proposer and not schedule.stopped:
-            q = proposer.q_here()
-        copies = proposer.copies if proposer and left > 0 else 0
-        drafted_at = time.perf_counter()
-        gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)
-        logits = target.feed(x)
-        z = constraints.apply(logits, x) if constraints else logits
-        n, token = verdict(z, x, q, cfg, gen, end_ids)
-        committed = x[:n].tolist() + token.tolist()
-        if scorer:
-            scorer.score(logits, z, q, end_ids, committed)
-        target.rollback(gamma - n)
-        target.append(token)
-        if constraints:
-            constraints.settle(n, token)
-        if proposer:
-            proposer.commit(n, gamma, token)
-        seconds = drafted_at - start, time.perf_counter() - drafted_at
-        forwards = proposer.state.forward_passes - forwards if proposer else 0
-        schedule.update(asked, gamma, n, *seconds, forwards, copies)
-        stats.speculation_stopped = schedule.stopped
-        stats.drafted_tokens += gamma
-        stats.accepted_tokens += n
-        yield committed
+
+    target: KVState
+    proposer: Proposer | None
+    schedule: GammaSchedule
+    cfg: RapidConfig
+    gen: torch.Generator
+    budget: Callable[[], int]
+    stats: RapidStats
+    end_ids: torch.Tensor | None = None
+    constraints: Constraints | None = None
+    scorer: LogprobScorer | None = None
+    force: Callable[[], list[int]] | None = None
 
 
-def _force(
-    target: KVState,
-    proposer: Proposer | None,
-    constraints: Constraints | None,
-    scorer: LogprobScorer | None,
-    tokens: list[int],
-) -> None:
+@dataclass(frozen=True)
+class _Proposal:
+    """What the draft phase of a pass proposed.
+
+    x: [k] int64 drafts (k may be below `asked`, section 2.9); q: the draft's distributions
+    [k, V] or [k + 1, V] (a bonus row), None when the verdict needs none; asked: the picks the
+    schedule asked for; copies: drafts that were the lookup's copies (section 2.10); forwards:
+    the draft's forward-pass count before the pass; start, drafted_at: perf_counter seconds
+    at the pass's start and when drafting ended."""
+
+    x: torch.Tensor
+    q: torch.Tensor | None
+    asked: int
+    copies: int
+    forwards: int
+    start: float
+    drafted_at: float
+
+
+def speculate(loop: Loop) -> Forwards[list[int]]:
+    """One pass of the loop: the tokens it commits (accepted drafts, then one more; or the
+    forced tokens of `loop.force`, as a pass of their own). The draft phase (`_draft`) and
+    the settle phase (`_settle`) are every sequence's, alone or in a batch; between them the
+    verify pass is yielded as a `Feed`, which its driver runs alone or packed with others'."""
+    forced = loop.force() if loop.force else []
+    if forced:
+        yield from _force(loop, forced)
+        return forced
+    proposal = yield from _draft(loop)
+    logits = yield Feed(loop.target, proposal.x)  # [k + 1, V]: the verify pass (2.2)
+    return _settle(loop, proposal, logits)
+
+
+def _draft(loop: Loop) -> Forwards[_Proposal]:
+    """The draft phase (docs/algorithm.md section 2.1): as many drafts as the schedule asks
+    for and the budget leaves room for; none, with the draft's q at the one position decided,
+    when there is no room (2.7)."""
+    start = time.perf_counter()
+    proposer, schedule = loop.proposer, loop.schedule
+    left = loop.budget() - 1 if proposer and schedule.drafting else 0
+    asked = min(schedule.gamma, left)
+    forwards = proposer.state.forward_passes if proposer else 0
+    x, q = loop.target.pending[:0], None  # a plain step: q too, unless drafting stopped (2.7)
+    if proposer and left > 0:
+        x, q = yield from proposer.propose(asked, left)
+    elif proposer and not schedule.stopped:
+        q = yield from proposer.q_here()
+    copies = proposer.copies if proposer and left > 0 else 0
+    return _Proposal(x, q, asked, copies, forwards, start, time.perf_counter())
+
+
+def _settle(loop: Loop, proposal: _Proposal, logits: torch.Tensor) -> list[int]:
+    """The settle phase, given the verify pass's logits [k + 1, V]: the verdict (sections
+    2.3-2.7), both caches and both constraints rolled back to the kept drafts and the emitted
+    token (2.8), the schedule taught (2.9); returns the committed tokens."""
+    x, q, proposer = proposal.x, proposal.q, loop.proposer
+    gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)
+    z = loop.constraints.apply(logits, x) if loop.constraints else logits
+    n, token = verdict(z, x, q, loop.cfg, loop.gen, loop.end_ids)
+    committed = x[:n].tolist() + token.tolist()
+    if loop.scorer:
+        loop.scorer.score(logits, z, q, loop.end_ids, committed)
+    loop.target.rollback(gamma - n)
+    loop.target.append(token)
+    if loop.constraints:
+        loop.constraints.settle(n, token)
+    if proposer:
+        proposer.commit(n, gamma, token)
+    seconds = (
+        proposal.drafted_at - proposal.start,
+        time.perf_counter() - proposal.drafted_at,
+    )
+    forwards = proposer.state.forward_passes - proposal.forwards if proposer else 0
+    loop.schedule.update(proposal.asked, gamma, n, *seconds, forwards, proposal.copies)
+    loop.stats.speculation_stopped = loop.schedule.stopped
+    loop.stats.drafted_tokens += gamma
+    loop.stats.accepted_tokens += n
+    return committed
+
+
+def _force(loop: Loop, tokens: list[int]) -> Forwards[None]:
     """Commit `tokens` into both caches and both constraints (docs/algorithm.md section 13).
     The target reads them now, but for the last, so that the next pass starts as every pass
     does, from one pending token; the rows read (the pending token's and the forced ones')
     give each forced token the target's raw log probability."""
+    target = loop.target
     ids = torch.tensor(tokens, dtype=torch.long, device=target.pending.device)
-    logits = target.feed(ids[:-1])  # [len(tokens), V]: row i predicts tokens[i]
+    logits = yield Feed(target, ids[:-1])  # [len(tokens), V]: row i predicts tokens[i]
     target.append(ids[-1:])
-    if constraints:
-        constraints.settle(0, ids)
-    if scorer:
-        scorer.score(logits, logits, None, None, tokens)
-    if proposer:
-        proposer.force(ids)
+    if loop.constraints:
+        loop.constraints.settle(0, ids)
+    if loop.scorer:
+        loop.scorer.score(logits, logits, None, None, tokens)
+    if loop.proposer:
+        loop.proposer.force(ids)
 
 
 @dataclass(frozen=True)
@@ -394,17 +433,46 @@ class RapidEngine:
     def _run(
         self, plan: _Plan, stats: RapidStats, start: float
     ) -> Generator[Delta, None, RapidOutput]:
+        """The call alone, the batch of one: each forward pass its loop asks for runs by
+        itself (`KVState.feed`), and what a pass commits is yielded before the next runs."""
+        deltas: list[Delta] = []
+        steps = self._decode(plan, stats, start, deltas.append)
+        try:
+            feed = next(steps)
+            while True:
+                yield from _released(deltas)
+                feed = steps.send(feed.state.feed(feed.tokens, feed.keep))
+        except StopIteration as done:
+            yield from _released(deltas)
+            return cast(RapidOutput, done.value)
+
+    def _decoding(
+        self, prompt: Prompt, options: CallOptions, emit: Callable[[Delta], None]
+    ) -> Forwards[RapidOutput]:
+        """A call's loop for a batch (`batch.BatchRunner`): planned now, so that bad input
+        raises here; `emit` gets each delta as its pass commits it."""
+        start = time.perf_counter()
+        plan, stats = self._plan(prompt, options)
+        return self._decode(plan, stats, start, emit)
+
+    @torch.inference_mode()
+    def _decode(
+        self, plan: _Plan, stats: RapidStats, start: float, emit: Callable[[Delta], None]
+    ) -> Forwards[RapidOutput]:
+        """One call's loop: prefill, then passes (`speculate`) until it finishes; every
+        forward pass after the prefill is yielded as a `Feed` to whoever drives it (`_run`
+        alone, `batch.BatchRunner` packed), and each committed step goes to `emit`."""
         cfg = plan.cfg
         assert stats.seed is not None  # `_plan` always draws one
         # Sampling and the verdict run where the deciding model's logits come out.
         gen = torch.Generator(logits_device(plan.main)).manual_seed(stats.seed)
         limit = min(cfg.max_new_tokens, plan.window - len(plan.ids))
-        target = self._start(plan.main, plan.ids, limit, cfg)
+        target = yield from self._start(plan.main, plan.ids, limit, cfg)
         stats.cached_prefix_tokens = target.reused_tokens
         shaping = self._constraints(plan, plan.main, "the model")
         # A grammar ends on its stop tokens even under ignore_eos: nothing may follow it.
         eos = frozenset() if cfg.ignore_eos and not plan.grammar else self.eos_token_ids
-        proposer, draft_shaping = self._proposer(plan, stats, gen, limit, eos)
+        proposer, draft_shaping = yield from self._proposer(plan, stats, gen, limit, eos)
         decode_start = time.perf_counter()
         stats.prefill_seconds = decode_start - start
 
@@ -413,7 +481,7 @@ class RapidEngine:
         end_ids = torch.tensor(sorted(eos), device=gen.device) if guarded else None
         key, schedule, fresh = self._schedule(plan, stats)
         scorer = LogprobScorer(cfg, self._vocabulary_bytes()) if cfg.logprobs else None
-        steps = speculate(
+        loop = Loop(
             target,
             proposer,
             schedule,
@@ -426,23 +494,16 @@ class RapidEngine:
             scorer,
             lambda: sections.forced(limit - len(sections.ids)),
         )
-        for token in itertools.chain.from_iterable(steps):
-            stats.time_to_first_token = stats.time_to_first_token or time.perf_counter() - start
-            before = len(sections.ids)
-            delta, finish = _commit(token, sections, eos, limit)
-            scored = scorer.commit(len(sections.ids) > before) if scorer else ()
-            delta = dataclasses.replace(delta, logprobs=scored)
-            if not is_empty(delta):
-                yield delta
-            if finish:
-                break
+        finish: FinishReason | None = None
+        while finish is None:
+            committed = yield from speculate(loop)
+            finish = _commit_step(committed, sections, scorer, eos, limit, stats, start, emit)
 
         stats.decode_seconds = time.perf_counter() - decode_start
         self.schedules.keep(key, schedule, fresh)
         stats.grammar_seconds = sum(c.seconds for c in (shaping, draft_shaping) if c)
         _count(stats, target, proposer, sections)
         logprobs = scorer.kept if scorer else None
-        assert finish is not None  # `speculate` never ends: the loop leaves only by `break`
         calls = sections.calls.calls if sections.calls else []
         finish = "tool_calls" if calls and finish == "eos" else finish
         return RapidOutput(
@@ -463,8 +524,9 @@ class RapidEngine:
         gen: torch.Generator,
         limit: int,
         eos: frozenset[int],
-    ) -> tuple[Proposer | None, Constraints | None]:
-        """The call's drafting strategy (None: the target alone) and the draft's constraints."""
+    ) -> Forwards[tuple[Proposer | None, Constraints | None]]:
+        """The call's drafting strategy (None: the target alone) and the draft's constraints;
+        the draft's prefill passes are yielded (`_start`)."""
         if plan.draft_ids is None:
             return None, None
         cfg = plan.cfg
@@ -473,7 +535,7 @@ class RapidEngine:
         draft_gen = (
             gen if draft_at == gen.device else torch.Generator(draft_at).manual_seed(stats.seed + 1)
         )
-        draft = self._start(self.draft, plan.draft_ids, limit, cfg)
+        draft = yield from self._start(self.draft, plan.draft_ids, limit, cfg, draft=True)
         stats.draft_cached_prefix_tokens = draft.reused_tokens
         shaping = self._constraints(plan, self.draft, "the draft model")
         model = ModelProposer(draft, cfg, draft_gen, shaping, eos)
@@ -540,18 +602,28 @@ class RapidEngine:
         return self._grammar_compiler
 
     def _start(
-        self, model: PreTrainedModel, ids: list[int], limit: int, cfg: RapidConfig
-    ) -> KVState:
+        self,
+        model: PreTrainedModel,
+        ids: list[int],
+        limit: int,
+        cfg: RapidConfig,
+        draft: bool = False,
+    ) -> Forwards[KVState]:
+        """The sequence's cache, its prefill chunks yielded (`KVState.starting`; `draft`: the
+        draft's, run in a batch's draft phase)."""
         # A sequence never holds more than its prompt plus `limit` tokens: drafting stops
         # short of the budget, so drafts in flight fit too.
-        return KVState.start(
-            model,
-            ids,
-            self.vocab_size,
-            cfg.prefill_chunk_size,
-            capacity=len(ids) + limit,
-            prefixes=self.prefix_cache,
-            max_prefix_bytes=cfg.prefix_cache_bytes,
+        return (
+            yield from KVState.starting(
+                model,
+                ids,
+                self.vocab_size,
+                cfg.prefill_chunk_size,
+                len(ids) + limit,
+                self.prefix_cache,
+                cfg.prefix_cache_bytes,
+                draft,
+            )
         )
 
     def _plan(self, prompt: Prompt, options: CallOptions) -> tuple[_Plan, RapidStats]:
@@ -659,6 +731,38 @@ def _call_options(
     return CallOptions.resolve(
         options, {**{k: v for k, v in given.items() if v is not None}, **overrides}
     )
+
+
+def _released(deltas: list[Delta]) -> Iterator[Delta]:
+    """The deltas committed since the last call, emptying the list."""
+    taken = deltas[:]
+    deltas.clear()
+    return iter(taken)
+
+
+def _commit_step(
+    committed: list[int],
+    sections: Sections,
+    scorer: LogprobScorer | None,
+    eos: frozenset[int],
+    limit: int,
+    stats: RapidStats,
+    start: float,
+    emit: Callable[[Delta], None],
+) -> FinishReason | None:
+    """Commit one pass's tokens in order, each delta to `emit`, up to the one that ends
+    generation; returns why it ends (None: it goes on)."""
+    for token in committed:
+        stats.time_to_first_token = stats.time_to_first_token or time.perf_counter() - start
+        before = len(sections.ids)
+        delta, finish = _commit(token, sections, eos, limit)
+        scored = scorer.commit(len(sections.ids) > before) if scorer else ()
+        delta = dataclasses.replace(delta, logprobs=scored)
+        if not is_empty(delta):
+            emit(delta)
+        if finish:
+            return finish
+    return None
 
 
 def _commit(

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -19,6 +21,8 @@ from transformers.cache_utils import (
 
 from .errors import RapidConfigError
 from .prefix_cache import KV, PrefixCache
+
+_R = TypeVar("_R")
 
 
 class BufferedLayer(DynamicLayer):
@@ -183,22 +187,41 @@ class KVState:
         prefixes: PrefixCache | None = None,
         max_prefix_bytes: int = 0,
     ) -> KVState:
+        """`starting`, its chunks run alone."""
+        return direct(
+            cls.starting(model, prompt, vocab, chunk, capacity, prefixes, max_prefix_bytes)
+        )
+
+    @classmethod
+    def starting(
+        cls,
+        model: PreTrainedModel,
+        prompt: list[int],
+        vocab: int,
+        chunk: int,
+        capacity: int,
+        prefixes: PrefixCache | None = None,
+        max_prefix_bytes: int = 0,
+        draft: bool = False,
+    ) -> Forwards[KVState]:
         """Prefill all but the last prompt token, reusing a stored prefix when one matches.
 
-        The rest is read in chunks of `chunk` tokens with one logit row kept per chunk, so the
-        prompt's full-vocabulary logits are never materialized. `capacity` bounds the tokens
+        The rest is read in chunks of `chunk` tokens, each a `Feed` (`draft`: its flag) that
+        keeps one logit row, so the prompt's full-vocabulary logits are never materialized
+        and a batch runs a newcomer's prefill one chunk a step. `capacity` bounds the tokens
         the sequence will ever hold (prompt, generated, and drafts in flight).
         """
         ids = torch.tensor(prompt, dtype=torch.long, device=model.device)
-        state = cls(model, new_cache(model, capacity), ids[-1:], vocab)
+        state = cls(model, new_cache(model, capacity), ids[:0], vocab)
         head = prompt[:-1]
         reuse = prefixes if max_prefix_bytes > 0 and state._plain_layers() else None
         if reuse is not None:
             state.reused_tokens, kv = reuse.lookup(model, head)
             state._load(kv)
         for start in range(state.reused_tokens, len(head), chunk):
-            part = ids[start : min(start + chunk, len(head))]
-            model(input_ids=part[None], **_cache_arg(model, state.cache), logits_to_keep=1)
+            yield Feed(state, ids[start : min(start + chunk, len(head))], draft, keep=1)
+        state.forward_passes, state.forward_seconds = 0, 0.0  # counted: decode passes only
+        state.pending = ids[-1:]
         if reuse is not None and head:
             reuse.store(model, head, state._views(), max_prefix_bytes)
         return state
@@ -220,20 +243,33 @@ class KVState:
         # Called only where `_plain_layers` holds (prefix reuse checks it first).
         return cast(list[BufferedLayer], self.cache.layers)
 
-    def feed(self, tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def feed(self, tokens: torch.Tensor | None = None, keep: int = 0) -> torch.Tensor:
         """Read `pending` then `tokens` ([k] int64 ids); return their logits [len, vocab]
-        (len = pending + k rows, in the model's dtype)."""
+        (len = pending + k rows, or the last `keep` when keep > 0; in the model's dtype)."""
+        ids = self.take(tokens)
+        start = time.perf_counter()
+        out = self.model(
+            input_ids=ids[None], **_cache_arg(self.model, self.cache), logits_to_keep=keep
+        )
+        self.counted(time.perf_counter() - start)
+        return out.logits[0, :, : self.vocab]
+
+    def take(self, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """The ids [pending + k] the next forward pass reads: `pending`, then `tokens` ([k]);
+        none are pending afterwards."""
         ids = (
             self.pending
             if tokens is None
             else torch.cat([self.pending, tokens.to(self.pending.device)])
         )
-        start = time.perf_counter()
-        out = self.model(input_ids=ids[None], **_cache_arg(self.model, self.cache))
-        self.forward_seconds += time.perf_counter() - start
         self.pending = ids[:0]
+        return ids
+
+    def counted(self, seconds: float) -> None:
+        """A forward pass read this sequence's ids in `seconds` (wall time: a packed pass's
+        seconds count for each sequence it read)."""
+        self.forward_seconds += seconds
         self.forward_passes += 1
-        return out.logits[0, :, : self.vocab]
 
     def rollback(self, n: int) -> None:
         """Forget the last `n` tokens read (rejected drafts)."""
@@ -252,6 +288,121 @@ def _cache_param(model_type: type[torch.nn.Module]) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _cache_arg(model: PreTrainedModel, cache: DynamicCache) -> dict[str, Any]:
+def _cache_arg(model: PreTrainedModel, cache: DynamicCache | PackedCache) -> dict[str, Any]:
     # mypy takes a class for unhashable here (python/mypy#20409); classes hash by identity.
     return {_cache_param(type(model)): cache, "use_cache": True}  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Feed:
+    """A forward pass one sequence's loop asks for: `state` reads its pending tokens, then
+    `tokens` ([k] int64 ids; None: none). The loop is a generator that yields a `Feed` and is
+    sent back the logits [pending + k, vocab] (`KVState.feed`'s); whoever drives it decides
+    how the pass runs: alone (`direct`) or packed with other sequences' (`feed_packed`).
+    `draft`: a draft model's pass (a batch runs them all before any verify pass)."""
+
+    state: KVState
+    tokens: torch.Tensor | None = None
+    draft: bool = False
+    keep: int = 0  # logit rows sent back: the last `keep` (0: all; `logits_to_keep`)
+
+
+Forwards = Generator[Feed, torch.Tensor, _R]
+"""A computation of one sequence that needs forward passes: yields `Feed`s, is sent their
+logits, returns its result."""
+
+
+def direct(steps: Forwards[_R]) -> _R:
+    """Run `steps` alone: each `Feed` is one forward pass of its own (`KVState.feed`)."""
+    try:
+        feed = next(steps)
+        while True:
+            feed = steps.send(feed.state.feed(feed.tokens, feed.keep))
+    except StopIteration as done:
+        return cast(_R, done.value)
+
+
+class PackedCache:
+    """The cache and the attention layout of one packed forward pass (the varlen layout).
+
+    Several sequences' new tokens are read in one row, `input_ids [1, T_total]`, segment i
+    at `bounds[i] = (start, end)` of the row, each at its own positions (`position_ids`
+    [1, T_total]), no padding. The projections and the MLP, where the weights are read (the
+    memory-bound part of a decode step), run once over the whole row; attention runs per
+    segment: `update` appends segment i's key/value states into sequence i's own cache, and
+    the registered attention (`attention.rapid_attention`, which gets this object as the
+    `rapid_layout` keyword the model passes down) computes segment i's queries against
+    sequence i's whole KV with a causal mask over its new tokens. That is the layout of
+    flash-attn's varlen kernel (`cu_seqlens_q` = the bounds, `cu_seqlens_k` = each
+    sequence's KV length), which a GPU port would call instead of the loop over segments.
+    Full-attention layers only (`BufferedLayer`): a sliding window would need its mask per
+    segment.
+    """
+
+    def __init__(self, caches: list[DynamicCache], bounds: list[tuple[int, int]]) -> None:
+        self.caches = caches
+        self.bounds = bounds
+
+    def update(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append each segment's slice of key/value states [1, kv_heads, T_total, head_dim]
+        to its own sequence's layer `layer_idx`; the states come back unchanged (attention
+        reads each sequence's KV through `kv`)."""
+        for cache, (start, end) in zip(self.caches, self.bounds, strict=True):
+            layer = cast(BufferedLayer, cache.layers[layer_idx])
+            layer.update(key_states[..., start:end, :], value_states[..., start:end, :])
+        return key_states, value_states
+
+    def kv(self, layer_idx: int, segment: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sequence `segment`'s keys and values at layer `layer_idx`, its new tokens included:
+        [1, kv_heads, kv_length_i, head_dim] each."""
+        layer = cast(BufferedLayer, self.caches[segment].layers[layer_idx])
+        return layer.keys, layer.values
+
+
+def feed_packed(feeds: list[Feed], layout_key: str) -> list[torch.Tensor]:
+    """Run `feeds`, all on one model, as one forward pass over a packed row (`PackedCache`);
+    returns each feed's logits [pending + k_i, vocab]. `layout_key`: the keyword the
+    registered attention reads the layout from (`attention.LAYOUT`)."""
+    states = [f.state for f in feeds]
+    model = states[0].model
+    ids = [s.take(f.tokens) for s, f in zip(states, feeds, strict=True)]
+    ends = list(itertools.accumulate(len(i) for i in ids))
+    bounds = list(zip([0, *ends[:-1]], ends, strict=True))
+    positions = torch.cat(
+        [
+            torch.arange(len(i), device=i.device) + s.cache.get_seq_length()
+            for s, i in zip(states, ids, strict=True)
+        ]
+    )  # [T_total]: each segment continues its own sequence
+    kept = [f.keep or len(i) for f, i in zip(feeds, ids, strict=True)]  # rows sent back
+    rows = torch.cat(
+        [
+            torch.arange(end - k, end, device=positions.device)
+            for end, k in zip(ends, kept, strict=True)
+        ]
+    )  # [sum(kept)]: the rows the output head reads
+    layout = PackedCache([s.cache for s in states], bounds)
+    start = time.perf_counter()
+    out = model(
+        input_ids=torch.cat(ids)[None],
+        position_ids=positions[None],
+        # A 4-D mask is taken as prepared: transformers' `create_causal_mask` returns it as
+        # it is and builds no [T_total, kv] mask, which no single cache length could size;
+        # the attention masks each segment itself. This one is empty.
+        attention_mask=torch.zeros(1, 1, 0, 0, dtype=torch.bool, device=positions.device),
+        **_cache_arg(model, layout),
+        **{layout_key: layout},
+        logits_to_keep=rows if len(rows) < ends[-1] else 0,
+    )
+    seconds = time.perf_counter() - start
+    for state in states:
+        state.counted(seconds)
+    logits = out.logits[0]  # [sum(kept), V]
+    return [part[:, : s.vocab] for part, s in zip(logits.split(kept), states, strict=True)]

@@ -37,6 +37,7 @@ class Mutant:
 
 ORACLE = "tests/test_verdict_oracle.py"
 DISTRIBUTION = "tests/test_engine_distribution.py"
+BATCH = "tests/test_batch.py"
 _SAMPLED_ROW = "dist = residual(p[n], ph[n], q[n], cfg.residual) if n < gamma else ph[gamma]"
 _ACCEPT = (
     "n = accepted_count(x, ph[:gamma].gather(1, idx)[:, 0], q[:gamma].gather(1, idx)[:, 0], u)"
@@ -234,6 +235,38 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_engine_adaptive.py::"
             "test_eta_positive_greedy_is_argmax_p_hat_at_every_position",
         ),
+    ),
+    Mutant(
+        "packed-positions-of-the-first",
+        "a packed pass places every segment at the first sequence's positions",
+        "rapid_integrations/kv.py",
+        "torch.arange(len(i), device=i.device) + s.cache.get_seq_length()",
+        "torch.arange(len(i), device=i.device) + states[0].cache.get_seq_length()",
+        (BATCH,),
+    ),
+    Mutant(
+        "packed-kv-to-the-next-sequence",
+        "a packed pass appends each segment's KV to the next sequence's cache",
+        "rapid_integrations/kv.py",
+        "for cache, (start, end) in zip(self.caches, self.bounds, strict=True):",
+        "for cache, (start, end) in zip(self.caches[1:] + self.caches[:1], self.bounds):",
+        (BATCH,),
+    ),
+    Mutant(
+        "batch-rows-to-the-next-call",
+        "a batch step settles each call on the next call's rows (verdict and rollback)",
+        "rapid_integrations/batch.py",
+        "for i, rows in zip(group, logits, strict=True):",
+        "for i, rows in zip(group, logits[1:] + logits[:1], strict=True):",
+        (BATCH,),
+    ),
+    Mutant(
+        "varlen-attends-to-the-first",
+        "packed attention reads the first sequence's KV for every segment",
+        "rapid_integrations/attention.py",
+        "key, value = layout.kv(module.layer_idx, segment)",
+        "key, value = layout.kv(module.layer_idx, 0)",
+        (BATCH,),
     ),
 )
 

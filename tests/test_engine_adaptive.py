@@ -14,7 +14,7 @@ import torch
 
 from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine
 from rapid_integrations.drafting import LookupProposer, ModelProposer
-from rapid_integrations.kv import KVState
+from rapid_integrations.kv import KVState, direct
 from rapid_integrations.schedule import GammaSchedule
 from tests import oracle
 from tests.test_engine_distribution import assert_follows
@@ -290,19 +290,19 @@ def test_draft_stops_after_a_token_below_the_confidence_threshold(tok, draft, th
     stops (as transformers' ConfidenceCriteria, the doubtful token itself is kept); the cache
     then follows the verdict as after a full proposal."""
     from rapid_integrations.drafting import ModelProposer
-    from rapid_integrations.kv import KVState
+    from rapid_integrations.kv import KVState, direct
 
     cfg = RapidConfig(eta=0.0, draft_confidence_threshold=threshold)
     prompt = tok.encode("abc hij kl")
     state = KVState.start(draft, prompt, len(tok), chunk=4, capacity=len(prompt) + 20)
     proposer = ModelProposer(state, cfg, torch.Generator())
-    x, _ = proposer.propose(6)
+    x, _ = direct(proposer.propose(6))
     want = reference_greedy(draft, prompt, 6, len(tok))
     assert x.tolist() == want[:proposed] and state.forward_passes == proposed
     token = torch.tensor([3])
     proposer.commit(len(x), len(x), token)
     context = prompt + x.tolist() + [3]
-    assert proposer.propose(1)[0].tolist() == reference_greedy(draft, context, 1, len(tok))
+    assert direct(proposer.propose(1))[0].tolist() == reference_greedy(draft, context, 1, len(tok))
 
 
 def test_lookup_proposes_the_latest_continuation_of_the_longest_suffix():
@@ -586,7 +586,7 @@ def test_vetting_a_copy_drafts_from_q(draft, tok, copy):
     counts, kept = np.zeros(len(tok)), 0
     for _ in range(N):
         proposer = vetting(draft, tok, 1.0, gen)
-        x, rows = proposer.propose(2, 3, offering(copies, []))
+        x, rows = direct(proposer.propose(2, 3, offering(copies, [])))
         assert rows.shape == (len(x) + 1, len(tok)) and len(x) <= 3
         counts[int(x[0])] += 1
         kept += proposer.copied_at[:1] == [0]
@@ -602,14 +602,14 @@ def test_vetting_greedy_keeps_the_copies_the_draft_would_draft(draft, tok):
     proposer, ids = vetting(draft, tok, 0.0, torch.Generator()), tok.encode(DRAFT_PROMPT)
     own = reference_greedy(draft, ids, 8, len(tok))
     wrong = (own[3] + 1) % len(tok)
-    x, q = proposer.propose(3, 8, offering([own[1], own[2], wrong, own[4]], own[:1]))
+    x, q = direct(proposer.propose(3, 8, offering([own[1], own[2], wrong, own[4]], own[:1])))
     # Forward passes: the pending token; own[0] with the copies; own[3]; the bonus row's.
     assert x.tolist() == own[:5] and len(q) == 6 and proposer.state.forward_passes == 4
     assert proposer.copied_at == [1, 2]
     proposer.commit(5, 5, torch.tensor([5]))
-    assert proposer.q_here() is not None and proposer.copies == 0  # a pass with no drafts
+    assert direct(proposer.q_here()) is not None and proposer.copies == 0  # a pass with no drafts
     proposer.commit(0, 0, torch.tensor([6]))
-    assert proposer.propose(1)[0].tolist() == reference_greedy(
+    assert direct(proposer.propose(1))[0].tolist() == reference_greedy(
         draft, [*ids, *own[:5], 5, 6], 1, len(tok)
     )
 
@@ -619,10 +619,10 @@ def test_copies_that_fill_the_room_end_the_proposal(draft, tok):
     comes from the pass that read them, and the cache follows a verdict that keeps fewer."""
     proposer, ids = vetting(draft, tok, 0.0, torch.Generator()), tok.encode(DRAFT_PROMPT)
     own = reference_greedy(draft, ids, 3, len(tok))
-    x, q = proposer.propose(2, 3, offering(own[1:3], own[:1]))
+    x, q = direct(proposer.propose(2, 3, offering(own[1:3], own[:1])))
     assert x.tolist() == own and len(q) == 4 and proposer.state.forward_passes == 2
     proposer.commit(1, 3, torch.tensor([5]))
-    assert proposer.propose(1)[0].tolist() == reference_greedy(
+    assert direct(proposer.propose(1))[0].tolist() == reference_greedy(
         draft, [*ids, own[0], 5], 1, len(tok)
     )
 
@@ -636,7 +636,7 @@ def test_drafting_stops_at_an_end_id(draft, tok):
     proposer = ModelProposer(
         state, RapidConfig(eta=2.0), torch.Generator(), end_ids=frozenset(own[2:3])
     )
-    x, q = proposer.propose(6)
+    x, q = direct(proposer.propose(6))
     assert x.tolist() == own[:3] and len(q) == 3 and state.forward_passes == 3
 
 
@@ -649,12 +649,12 @@ def test_copies_stop_at_an_end_id(draft, tok):
     proposer = ModelProposer(
         state, RapidConfig(eta=2.0), torch.Generator(), end_ids=frozenset(own[2:3])
     )
-    x, q = proposer.propose(3, 6, offering(own[1:4], own[:1]))
+    x, q = direct(proposer.propose(3, 6, offering(own[1:4], own[:1])))
     # Forward passes: the pending token; own[0] with the copies. Then nothing past the end.
     assert x.tolist() == own[:3] and len(q) == 3 and state.forward_passes == 2
     assert proposer.copied_at == [1, 2]
     proposer.commit(1, 3, torch.tensor([5]))
-    assert proposer.propose(1)[0].tolist() == reference_greedy(
+    assert direct(proposer.propose(1))[0].tolist() == reference_greedy(
         draft, [*ids, own[0], 5], 1, len(tok)
     )
 
@@ -673,9 +673,9 @@ def test_every_q_the_verdict_reads_is_the_drafts_own(engines, draft, tok, monkey
         seen.append((x.tolist(), q, verdict[0], int(verdict[1])))
         return verdict
 
-    def read(self, tail, xs, qs, limit, find):
+    def read(self, tail, xs, qs, limit, find):  # a generator, as `_read` (kv.Forwards)
         before = self.copies
-        out = real_read(self, tail, xs, qs, limit, find)
+        out = yield from real_read(self, tail, xs, qs, limit, find)
         kept.append(self.copies - before)
         return out
 

@@ -15,7 +15,7 @@ from scipy.stats import chisquare
 
 from rapid_integrations import RapidConfig, RapidEngine
 from rapid_integrations.drafting import ModelProposer
-from rapid_integrations.kv import KVState
+from rapid_integrations.kv import KVState, direct
 from tests import oracle
 from tests.tiny import next_token_probs
 
@@ -152,7 +152,7 @@ def test_proposer_q_is_the_drafts_own_filtered_distribution(draft, tok, temperat
     cfg = RapidConfig(eta=2.0, temperature=temperature, top_p=top_p, gamma=4)
     ids = tok.encode("hello. ab cd")
     state = KVState.start(draft, ids, len(tok), chunk=5, capacity=len(ids) + 8)
-    x, q = ModelProposer(state, cfg, torch.Generator().manual_seed(0)).propose(4)
+    x, q = direct(ModelProposer(state, cfg, torch.Generator().manual_seed(0)).propose(4))
     assert q.shape == (5, len(tok))
     for i in range(5):
         want = oracle.target_p(

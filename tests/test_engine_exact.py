@@ -202,18 +202,18 @@ def test_proposer_cache_follows_every_verdict(tok, draft, gamma):
     """After any verdict (n of gamma kept, then a token), the next proposals are the draft's own
     greedy continuation of prompt + kept tokens: the draft cache was cropped exactly."""
     from rapid_integrations.drafting import ModelProposer
-    from rapid_integrations.kv import KVState
+    from rapid_integrations.kv import KVState, direct
 
     cfg = RapidConfig(eta=0.0, gamma=gamma)
     prompt = tok.encode("abc hij kl")
     for kept in range(gamma + 1):
         state = KVState.start(draft, prompt, len(tok), chunk=4, capacity=len(prompt) + 4 * gamma)
         proposer = ModelProposer(state, cfg, torch.Generator())
-        x, _ = proposer.propose(gamma)
+        x, _ = direct(proposer.propose(gamma))
         assert x.tolist() == reference_greedy(draft, prompt, gamma, len(tok))
         token = torch.tensor([(int(x[kept]) + 1) % len(tok) if kept < gamma else 5])
         proposer.commit(kept, gamma, token)
         context = prompt + x[:kept].tolist() + token.tolist()
-        assert proposer.propose(gamma)[0].tolist() == reference_greedy(
+        assert direct(proposer.propose(gamma))[0].tolist() == reference_greedy(
             draft, context, gamma, len(tok)
         )

@@ -1,0 +1,222 @@
+"""Continuous batching: many calls on one engine, their forward passes packed together.
+
+Each call runs the engine's own loop (`RapidEngine._decode`, `engine.speculate`): a
+generator that yields every forward pass it needs as a `kv.Feed` and is sent back the logits.
+Alone, each feed is a forward pass of its own (`RapidEngine.generate`); here, a `step` runs the
+feeds of every running call on one model as one pass over a packed row (`kv.feed_packed`, the
+varlen layout of `kv.PackedCache`):
+
+* draft passes first: while any call is drafting, a step runs only draft passes (one per
+  draft model), so the draft model drafts for all calls together, each at its own depth;
+* then one verify pass: once every call has its drafts, one target pass reads every call's
+  pending token and drafts (ragged: each its own gamma, positions and KV length). Each call's
+  verdict, rollback and schedule (its settle phase) follow on its own rows only.
+
+A call joins with `submit` (planned then: bad input raises there) and is prefilled one chunk
+(`prefill_chunk_size`) per pass of its model: its target's chunks ride the verify passes, its
+draft's the draft passes, so a newcomer stalls the running calls by at most one chunk a step.
+It leaves when it finishes (`outputs`), fails (`errors`) or is cancelled (`cancel`); its caches
+go with it. A runner is driven by one thread.
+Every call keeps its own seed, caches and constraints, so its output is the one it would have
+alone (with eta = 0 greedy, token for token: tests/test_batch.py), whatever else runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import traceback
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+
+from .attention import LAYOUT, NAME
+from .call_options import CallOptions
+from .config import Mode
+from .errors import RapidConfigError
+from .kv import BufferedLayer, Feed, Forwards, feed_packed
+from .outputs import Delta, RapidOutput
+from .tokens import Prompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from .engine import RapidEngine
+
+
+@dataclass
+class _Call:
+    """A running call: its loop and the pass it waits for."""
+
+    steps: Forwards[RapidOutput]
+    feed: Feed | None = None
+
+
+class BatchRunner:
+    """Runs calls on `engine` side by side, one packed forward pass per model and step.
+
+    `submit` a call (the arguments of `RapidEngine.generate`), `step` until `running` is
+    empty, read `outputs[id]` (or `errors[id]`); `take_deltas(id)` streams a call's deltas.
+    Both models must run `attention.rapid_attention` (SDPA models do, `use_rapid_attention`)
+    with full-attention layers only.
+    """
+
+    def __init__(self, engine: RapidEngine) -> None:
+        for role, model in (("target", engine.target), ("draft", engine.draft)):
+            _check_packable(model, role)
+        self._engine = engine
+        self._calls: dict[int, _Call] = {}
+        self._deltas: dict[int, list[Delta]] = {}  # committed, not yet taken
+        self._ids = itertools.count()
+        self.outputs: dict[int, RapidOutput] = {}
+        self.errors: dict[int, Exception] = {}
+
+    @property
+    def running(self) -> list[int]:
+        """The ids of the calls still decoding."""
+        return list(self._calls)
+
+    def submit(
+        self,
+        prompt: Prompt,
+        draft_prompt: Prompt | None = None,
+        mode: Mode | None = None,
+        *,
+        options: CallOptions | None = None,
+        **overrides: Any,
+    ) -> int:
+        """Plan a call now (bad input raises here); its prefill runs in the next steps, a
+        chunk a step, and then it decodes. Returns its id."""
+        from .engine import _call_options
+
+        call_id = next(self._ids)
+        deltas: list[Delta] = []
+        resolved = _call_options(options, draft_prompt, mode, overrides)
+        steps = self._engine._decoding(prompt, resolved, deltas.append)
+        self._calls[call_id], self._deltas[call_id] = _Call(steps), deltas
+        self._advance(call_id, None)
+        return call_id
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        """One packed forward pass per model: every drafting call's draft pass, or, once no
+        call drafts, every call's verify pass; each call then runs on to its next pass."""
+        waiting = {i: c.feed for i, c in self._calls.items() if c.feed is not None}
+        drafting = {i: f for i, f in waiting.items() if f.draft}
+        for group in _by_model(drafting or waiting):
+            logits = _packed([waiting[i] for i in group])
+            if isinstance(logits, Exception):  # the pass failed: so do the calls it read
+                for i in group:
+                    self._fail(i, logits)
+                continue
+            for i, rows in zip(group, logits, strict=True):
+                self._advance(i, rows)
+
+    def cancel(self, call_id: int) -> None:
+        """Stop a running call; its caches are freed and the others run on unchanged."""
+        call = self._calls.pop(call_id, None)
+        if call is not None:
+            call.steps.close()
+            self._deltas.pop(call_id, None)
+
+    def run(self) -> None:
+        """Step until every call has finished."""
+        while self._calls:
+            self.step()
+
+    def take_deltas(self, call_id: int) -> list[Delta]:
+        """The deltas a call committed since the last take; a finished call's last ones are
+        kept until taken, a cancelled or failed call's are dropped with it."""
+        deltas = self._deltas.get(call_id, [])
+        taken = deltas[:]
+        deltas.clear()
+        if call_id not in self._calls:
+            self._deltas.pop(call_id, None)
+        return taken
+
+    @torch.inference_mode()
+    def _advance(self, call_id: int, logits: torch.Tensor | None) -> None:
+        """Send a call its pass's logits [rows, V] (None: start it) and run it to its next
+        pass; record its output when it finishes, its error when it fails."""
+        outcome = _resume(self._calls[call_id], logits)
+        if isinstance(outcome, Feed):
+            self._calls[call_id].feed = outcome
+        elif isinstance(outcome, RapidOutput):
+            self.outputs[call_id] = outcome
+            del self._calls[call_id]
+        else:
+            self._fail(call_id, outcome)
+
+    def _fail(self, call_id: int, exc: Exception) -> None:
+        """Keep a failed call's error and drop the call. The error's frames are cleared, or
+        it would keep the call's caches alive for as long as `errors` holds it."""
+        traceback.clear_frames(exc.__traceback__)
+        self.errors[call_id] = exc
+        self.cancel(call_id)
+
+
+def generate_batch(
+    engine: RapidEngine,
+    prompts: Sequence[Prompt],
+    *,
+    options: CallOptions | None = None,
+    **overrides: Any,
+) -> list[RapidOutput]:
+    """`engine.generate` for each prompt, decoded together by a `BatchRunner`; each output is
+    the one `generate` would give (docs/algorithm.md section 14). The first call that failed
+    raises its error."""
+    runner = BatchRunner(engine)
+    ids = [runner.submit(prompt, options=options, **overrides) for prompt in prompts]
+    runner.run()
+    for i in ids:
+        if i in runner.errors:
+            raise runner.errors[i]
+    return [runner.outputs[i] for i in ids]
+
+
+def _resume(call: _Call, logits: torch.Tensor | None) -> Feed | RapidOutput | Exception:
+    """Run a call's loop to its next pass (its `Feed`), its output, or its error. The error is
+    returned, not raised, so that the frame that caught it has ended when `_fail` clears the
+    error's frames (a running frame cannot be cleared, and would keep the call alive)."""
+    try:
+        return next(call.steps) if logits is None else call.steps.send(logits)
+    except StopIteration as done:
+        return cast(RapidOutput, done.value)
+    except Exception as exc:
+        return exc
+
+
+def _packed(feeds: list[Feed]) -> list[torch.Tensor] | Exception:
+    """`kv.feed_packed` over `feeds`, or its error (returned as `_resume` returns one)."""
+    try:
+        return feed_packed(feeds, LAYOUT)
+    except Exception as exc:
+        return exc
+
+
+def _by_model(feeds: dict[int, Feed]) -> Iterable[list[int]]:
+    """The ids of `feeds` grouped by the model their pass runs on, in submission order."""
+    groups: dict[int, list[int]] = {}
+    for i, f in feeds.items():
+        groups.setdefault(id(f.state.model), []).append(i)
+    return groups.values()
+
+
+def _check_packable(model: PreTrainedModel, role: str) -> None:
+    """`RapidConfigError` unless a packed pass of `model` attends per segment: its attention
+    is the registered one (another kernel would ignore the layout and attend across
+    sequences) and every cache layer keeps all tokens in one buffer."""
+    from .kv import new_cache
+
+    if getattr(model.config, "_attn_implementation", None) != NAME:
+        raise RapidConfigError(
+            role,
+            f"batching needs the model on {NAME!r} attention (SDPA models are switched to it); "
+            f"this one uses {model.config._attn_implementation!r}",
+        )
+    layers = new_cache(model, 1, role).layers
+    if not all(type(layer) is BufferedLayer for layer in layers):
+        raise RapidConfigError(
+            role, "batching supports full-attention layers only (no sliding window yet)"
+        )
