@@ -206,6 +206,7 @@ def test_the_context_holds_prompt_and_answer_within_the_targets_window():
         "n_ctx": 158,
         "n_threads": 2,
         "n_threads_batch": 2,
+        "logits_all": True,  # the lookup's draft reads every position's logits
         "verbose": False,
         "rope_scaling_type": 1,
         "rope_freq_scale": 0.5,
@@ -217,6 +218,7 @@ def test_load_adds_the_prompt_lookup_draft_only_for_the_lookup_method(tok):
     plain = llamacpp.load(GGUF, 100, 2, {}, 0, lib)
     lookup = llamacpp.load(GGUF, 100, 2, {}, PROMPT_LOOKUP_TOKENS, lib)
     assert "draft_model" not in plain.kwargs  # type: ignore[attr-defined]
+    assert not plain.kwargs["logits_all"] and lookup.kwargs["logits_all"]  # type: ignore[attr-defined]
     draft = lookup.kwargs["draft_model"]  # type: ignore[attr-defined]
     assert (draft.max_ngram_size, draft.num_pred_tokens) == (2, PROMPT_LOOKUP_TOKENS)
 
@@ -318,15 +320,18 @@ def test_a_prompt_past_the_window_is_refused_before_loading(tok):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", LLAMA_METHODS)
 def test_the_real_library_decodes_the_embedded_gguf(smol_engine, name):
-    """A short greedy call on the GGUF the embedded model ships as; skipped without
-    llama-cpp-python (`pip install "rapid-integrations[llamacpp]"`)."""
+    """A short greedy call on the GGUF the embedded model ships as, its prompt longer than
+    one llama.cpp batch (512 tokens: the lookup's logits array once held only that many);
+    skipped without llama-cpp-python (`pip install "rapid-integrations[llamacpp]"`)."""
     pytest.importorskip(llamacpp.LIBRARY)
+    from rapid_integrations.demo_data import demo_excerpt
     from rapid_integrations.models import default_gguf_path
     from rapid_integrations.tokens import encode_prompt
 
     engine = smol_engine
-    prompt = [{"role": "user", "content": "List three colors of the rainbow."}]
-    ids = encode_prompt(prompt, engine.tokenizer, engine.vocab_size)
+    text = demo_excerpt(3000) + "\nList three colors of the rainbow."
+    ids = encode_prompt([{"role": "user", "content": text}], engine.tokenizer, engine.vocab_size)
+    assert len(ids) > 512
     gguf = default_gguf_path()
     run = measure_llamacpp(engine, Method(name), ids, gguf, max_new_tokens=8, ignore_eos=True)
     assert run.new_tokens == 8 and run.answer.strip() and run.finish_reason == "length"

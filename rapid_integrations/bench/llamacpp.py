@@ -130,6 +130,10 @@ def llama_kwargs(
         "n_ctx": context + lookup_tokens,
         "n_threads": threads,
         "n_threads_batch": threads,
+        # With a draft model, llama-cpp-python 0.3 keeps every position's logits but sizes
+        # their array by this argument: left False, it holds one batch (512 rows) and the
+        # eval of a longer prompt fails ("could not broadcast ... into shape (0,)").
+        "logits_all": lookup_tokens > 0,
         "verbose": False,
         **rope_kwargs(rope),
     }
