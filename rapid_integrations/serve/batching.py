@@ -31,7 +31,8 @@ log = logging.getLogger("rapid.serve")
 Event = Delta | RapidOutput | None
 """What a request's events are: None once its call is planned, its `Delta`s, its output."""
 _End = RapidOutput | Exception
-_Report = tuple[int, list[Delta], _End | None]  # a call's deltas of a step, and its end
+_Sink = asyncio.Queue[Delta | _End]  # a request's queue: its call's deltas, then its end
+_Report = tuple[_Sink, list[Delta], _End | None]  # a call's deltas of a step, and its end
 
 
 class Batcher:
@@ -41,8 +42,8 @@ class Batcher:
         self._runner = runner
         self._metrics = metrics
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rapid-batch")
-        self._live: set[int] = set()  # calls in the runner (worker thread only)
-        self._queues: dict[int, asyncio.Queue[Delta | _End]] = {}  # listeners (event loop only)
+        self._sinks: dict[int, _Sink] = {}  # the calls in the runner (worker thread only)
+        self._listening: set[_Sink] = set()  # queues of calls not ended (event loop only)
         self._driver: asyncio.Task[None] | None = None
 
     @classmethod
@@ -58,11 +59,14 @@ class Batcher:
     async def events(self, prompt: Prompt, options: CallOptions) -> AsyncGenerator[Event, None]:
         """The call's events; bad input raises before the first. Closing the generator
         early (the request went away) cancels the call, freeing its slot in the runner."""
-        call_id = await self._submitted(prompt, options)
-        queue = self._queues[call_id] = asyncio.Queue()
+        # The queue is the call's sink from its submit on, so no step's report can miss it.
+        queue: _Sink = asyncio.Queue()
+        self._listening.add(queue)
         if self._driver is None or self._driver.done():
             self._driver = asyncio.create_task(self._drive())
+        call_id = None
         try:
+            call_id = await self._submitted(prompt, options, queue)
             yield None
             while True:
                 item = await queue.get()
@@ -72,17 +76,18 @@ class Batcher:
                 if isinstance(item, RapidOutput):
                     return
         finally:
-            self._queues.pop(call_id, None)
-            self._later(self._cancel, call_id)  # a no-op for a call that has ended
+            self._listening.discard(queue)
+            if call_id is not None:
+                self._later(self._cancel, call_id)  # a no-op for a call that has ended
 
     def close(self) -> None:
         """Stop the worker thread once the job in flight is done (the server shuts down)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _submitted(self, prompt: Prompt, options: CallOptions) -> int:
+    async def _submitted(self, prompt: Prompt, options: CallOptions, queue: _Sink) -> int:
         """Submit the call on the worker thread (its planning errors raise here); if the
         request goes away meanwhile, the call is cancelled as soon as it is in."""
-        future = self._pool.submit(self._submit, prompt, options)
+        future = self._pool.submit(self._submit, prompt, options, queue)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -90,21 +95,22 @@ class Batcher:
             raise
 
     async def _drive(self) -> None:
-        """Step the runner while any request listens; each step's reports go to their queues."""
+        """Step the runner while a request waits for its call; each step's reports go to
+        their queues (a request that has gone away reads its queue no more; its cancel is
+        queued). A call's end is its request's last report: its queue is listened to no
+        more, so the runner is not stepped idle while the request writes its last bytes."""
         loop = asyncio.get_running_loop()
-        while self._queues:
+        while self._listening:
             try:
                 reports = await loop.run_in_executor(self._pool, self._step)
             except Exception as exc:  # not a call's failure (the runner keeps those): fail all
-                reports = [(call_id, [], exc) for call_id in self._queues]
-            for call_id, deltas, end in reports:
-                queue = self._queues.get(call_id)
-                if queue is None:  # its request went away; its cancel is queued
-                    continue
+                reports = [(queue, [], exc) for queue in self._listening]
+            for queue, deltas, end in reports:
                 for delta in deltas:
                     queue.put_nowait(delta)
                 if end is not None:
                     queue.put_nowait(end)
+                    self._listening.discard(queue)
 
     def _later(self, job: Callable[..., Any], *args: Any) -> None:
         """Queue `job` on the worker thread without waiting for it (none after shutdown)."""
@@ -113,9 +119,9 @@ class Batcher:
 
     # ---- the worker thread -------------------------------------------------------------------
 
-    def _submit(self, prompt: Prompt, options: CallOptions) -> int:
+    def _submit(self, prompt: Prompt, options: CallOptions, queue: _Sink) -> int:
         call_id = self._runner.submit(prompt, options=options)
-        self._live.add(call_id)
+        self._sinks[call_id] = queue
         self._metrics.open_streams.inc()
         self._sized()
         return call_id
@@ -125,22 +131,22 @@ class Batcher:
         tokens = self._runner.step()
         if tokens:  # no pass ran: only calls that failed as they were submitted
             self._metrics.step_tokens.observe(tokens)
-        reports = [self._report(call_id) for call_id in list(self._live)]
+        reports = [self._report(call_id) for call_id in list(self._sinks)]
         self._sized()
         return reports
 
     def _report(self, call_id: int) -> _Report:
-        runner = self._runner
+        runner, queue = self._runner, self._sinks[call_id]
         deltas = runner.take_deltas(call_id)
         end: _End | None = runner.outputs.pop(call_id, None)
         if end is None:
             end = runner.errors.pop(call_id, None)
         if end is not None:
             self._left(call_id)
-        return call_id, deltas, end
+        return queue, deltas, end
 
     def _cancel(self, call_id: int) -> None:
-        if call_id in self._live:
+        if call_id in self._sinks:
             self._runner.cancel(call_id)
             self._left(call_id)
             self._sized()
@@ -150,7 +156,7 @@ class Batcher:
             self._cancel(future.result())
 
     def _left(self, call_id: int) -> None:
-        self._live.discard(call_id)
+        del self._sinks[call_id]
         self._metrics.open_streams.dec()
 
     def _sized(self) -> None:
