@@ -99,19 +99,23 @@ class BatchRunner:
         return call_id
 
     @torch.inference_mode()
-    def step(self) -> None:
+    def step(self) -> int:
         """One packed forward pass per model: every drafting call's draft pass, or, once no
-        call drafts, every call's verify pass; each call then runs on to its next pass."""
+        call drafts, every call's verify pass; each call then runs on to its next pass.
+        Returns the tokens the step's passes read (prefill chunks, pending tokens, drafts)."""
         waiting = {i: c.feed for i, c in self._calls.items() if c.feed is not None}
         drafting = {i: f for i, f in waiting.items() if f.draft}
-        for group in _by_model(drafting or waiting):
+        stepped = drafting or waiting
+        tokens = sum(_width(f) for f in stepped.values())  # before the passes take them
+        for group in _by_model(stepped):
             logits = _packed([waiting[i] for i in group])
-            if isinstance(logits, Exception):  # the pass failed: so do the calls it read
-                for i in group:
-                    self._fail(i, logits)
-                continue
-            for i, rows in zip(group, logits, strict=True):
+            # A failed pass: its error is thrown into each call it read.
+            sent: Sequence[torch.Tensor | Exception] = (
+                [logits] * len(group) if isinstance(logits, Exception) else logits
+            )
+            for i, rows in zip(group, sent, strict=True):
                 self._advance(i, rows)
+        return tokens
 
     def cancel(self, call_id: int) -> None:
         """Stop a running call; its caches are freed and the others run on unchanged."""
@@ -136,9 +140,10 @@ class BatchRunner:
         return taken
 
     @torch.inference_mode()
-    def _advance(self, call_id: int, logits: torch.Tensor | None) -> None:
-        """Send a call its pass's logits [rows, V] (None: start it) and run it to its next
-        pass; record its output when it finishes, its error when it fails."""
+    def _advance(self, call_id: int, logits: torch.Tensor | Exception | None) -> None:
+        """Send a call its pass's logits [rows, V] (None: start it; an exception: its pass
+        failed) and run it to its next pass; record its output when it finishes, its error
+        when it fails."""
         outcome = _resume(self._calls[call_id], logits)
         if isinstance(outcome, Feed):
             self._calls[call_id].feed = outcome
@@ -175,11 +180,15 @@ def generate_batch(
     return [runner.outputs[i] for i in ids]
 
 
-def _resume(call: _Call, logits: torch.Tensor | None) -> Feed | RapidOutput | Exception:
-    """Run a call's loop to its next pass (its `Feed`), its output, or its error. The error is
-    returned, not raised, so that the frame that caught it has ended when `_fail` clears the
-    error's frames (a running frame cannot be cleared, and would keep the call alive)."""
+def _resume(call: _Call, logits: torch.Tensor | Exception | None) -> Feed | RapidOutput | Exception:
+    """Run a call's loop to its next pass (its `Feed`), its output, or its error (`logits` an
+    exception: its pass's, thrown into the loop, which raises it as the engine's error). The
+    error is returned, not raised, so that the frame that caught it has ended when `_fail`
+    clears the error's frames (a running frame cannot be cleared, and would keep the call
+    alive)."""
     try:
+        if isinstance(logits, Exception):
+            return call.steps.throw(logits)
         return next(call.steps) if logits is None else call.steps.send(logits)
     except StopIteration as done:
         return cast(RapidOutput, done.value)
@@ -193,6 +202,11 @@ def _packed(feeds: list[Feed]) -> list[torch.Tensor] | Exception:
         return feed_packed(feeds, LAYOUT)
     except Exception as exc:
         return exc
+
+
+def _width(feed: Feed) -> int:
+    """The tokens `feed`'s pass reads: its sequence's pending ones, then its own."""
+    return feed.state.pending.numel() + (0 if feed.tokens is None else feed.tokens.numel())
 
 
 def _by_model(feeds: dict[int, Feed]) -> Iterable[list[int]]:

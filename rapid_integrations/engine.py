@@ -18,7 +18,7 @@ import time
 import traceback
 from collections.abc import Callable, Generator, Hashable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -63,6 +63,10 @@ _DRAFT_OPTIONS = ("draft_device", "draft_precision", "draft_model_kwargs", "targ
 
 if TYPE_CHECKING:
     from .grammar import Grammar, GrammarCompiler
+
+_Y = TypeVar("_Y")
+_S = TypeVar("_S")
+_R = TypeVar("_R")
 
 # How the CPU allocator words running out (a plain RuntimeError, unlike CUDA's OutOfMemoryError).
 _OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "not enough memory")
@@ -412,9 +416,10 @@ class RapidEngine:
         return self._free_on_out_of_memory(self._run(plan, stats, start), plan)
 
     def _free_on_out_of_memory(
-        self, run: Generator[Delta, None, RapidOutput], plan: _Plan
-    ) -> Generator[Delta, None, RapidOutput]:
-        """`run`, with running out of memory raised as `DeviceOutOfMemoryError`.
+        self, run: Generator[_Y, _S, _R], plan: _Plan
+    ) -> Generator[_Y, _S, _R]:
+        """`run` (a call alone, or its loop in a batch), with running out of memory raised as
+        `DeviceOutOfMemoryError`.
 
         The failed call's frames are cleared, or the error would keep its half-filled KV caches
         and the model's activations alive for as long as the caller holds it; the prefix cache
@@ -450,10 +455,11 @@ class RapidEngine:
         self, prompt: Prompt, options: CallOptions, emit: Callable[[Delta], None]
     ) -> Forwards[RapidOutput]:
         """A call's loop for a batch (`batch.BatchRunner`): planned now, so that bad input
-        raises here; `emit` gets each delta as its pass commits it."""
+        raises here; `emit` gets each delta as its pass commits it. A packed pass's error is
+        thrown into the loop, so that running out of memory raises as it does alone."""
         start = time.perf_counter()
         plan, stats = self._plan(prompt, options)
-        return self._decode(plan, stats, start, emit)
+        return self._free_on_out_of_memory(self._decode(plan, stats, start, emit), plan)
 
     @torch.inference_mode()
     def _decode(

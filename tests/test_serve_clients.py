@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from rapid_integrations import CallOptions, RapidEngine
+from rapid_integrations import RapidEngine
+from rapid_integrations.serve.calls import EngineCall
 from tests.serve_fixtures import MODEL, LiveServer, live_server
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
@@ -26,16 +27,18 @@ def server(served_model_dir: Path) -> Iterator[LiveServer]:
 
 @pytest.fixture
 def calls(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """The engine calls the server makes (prompt and options), recorded."""
-    engine = server.engine
+    """The engine calls the server makes (prompt and options), recorded where they start
+    (batched or in a thread of their own)."""
+    served = server.app.state.server
     seen: list[dict[str, Any]] = []
-    stream = engine.stream
+    events = served.events
 
-    def recording(prompt: Any, *, options: CallOptions) -> Any:
-        seen.append({"prompt": prompt, "mode": options.mode, **options.config})
-        return stream(prompt, options=options)
+    def recording(call: EngineCall) -> Any:
+        options = call.options
+        seen.append({"prompt": call.prompt, "mode": options.mode, **options.config})
+        return events(call)
 
-    monkeypatch.setattr(engine, "stream", recording)
+    monkeypatch.setattr(served, "events", recording)
     return seen
 
 

@@ -6,6 +6,7 @@ One file per role:
   calls       a request -> one engine call; an engine output -> OpenAI response objects
   collection  server-side documents a request can name (FAISS index built at start)
   scheduler   the bounded queue of concurrent sequences (asyncio semaphore + waiting bound)
+  batching    the running sequences decoded together: one BatchRunner, stepped on one thread
   metrics     Prometheus counters, gauges and histograms (prometheus-client)
   errors      the OpenAI error shape and which status each failure gets
   app         the FastAPI app and its routes

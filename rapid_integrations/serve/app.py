@@ -7,11 +7,13 @@
     GET  /metrics               Prometheus text format
     GET  /health                liveness; the only route open without the API key
 
-Each request takes a slot of the `SequenceQueue`, then decodes in a worker thread of its own
-(`aio.aiter_in_thread`). The engine plans the call before the response starts, so a bad
-prompt or option is an HTTP error, never a broken stream. A client that goes away (or a
-request past its timeout) closes its engine stream after at most the step in flight, which
-frees its KV caches.
+Each request takes a slot of the `SequenceQueue` (`max_running` slots: the batch size), then
+its call joins the server's batch (`batching.Batcher`: one forward pass per model and step
+for every running call). Where the engine's models cannot be packed, each request decodes in
+a worker thread of its own instead (`aio.aiter_in_thread`). The engine plans the call before
+the response starts, so a bad prompt or option is an HTTP error, never a broken stream. A
+client that goes away (or a request past its timeout) has its call cancelled after at most
+the step in flight, which frees its KV caches.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from sse_starlette import EventSourceResponse
 from ..aio import aiter_in_thread
 from ..engine import RapidEngine
 from ..outputs import Delta, RapidOutput
+from .batching import Batcher, Event
 from .calls import (
     FINISH_REASONS,
     EngineCall,
@@ -66,11 +69,26 @@ class _Server:
     replica: str
     metrics: Metrics = field(default_factory=Metrics)
     queue: SequenceQueue = field(init=False)
+    batcher: Batcher | None = field(init=False)  # None: a thread per request
 
     def __post_init__(self) -> None:
         self.queue = SequenceQueue(
             self.settings.max_running, self.settings.max_waiting, self.metrics.queue_changed
         )
+        self.batcher = Batcher.over(self.engine, self.metrics)
+
+    def events(self, call: EngineCall) -> AsyncGenerator[Event, None]:
+        """The call's events, decoded in the batch (or in a thread of its own)."""
+        if self.batcher is not None:
+            return self.batcher.events(call.prompt, call.options)
+        return aiter_in_thread(lambda: _decode(self, call))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        """The batch's worker thread ends with the app."""
+        yield
+        if self.batcher is not None:
+            self.batcher.close()
 
 
 def create_app(
@@ -86,7 +104,9 @@ def create_app(
     if collections is None:
         collections = settings.load_collections(engine)
     server = _Server(engine, settings, collections, replica or process_replica_id())
-    app = FastAPI(title="rapid serve", description="OpenAI-compatible RAPID server")
+    app = FastAPI(
+        title="rapid serve", description="OpenAI-compatible RAPID server", lifespan=server.lifespan
+    )
     app.state.server = server
     install_error_handlers(app)
     app.add_middleware(RequestCounter, metrics=server.metrics)
@@ -157,7 +177,7 @@ async def _answer(server: _Server, call: EngineCall, request: Request) -> Respon
         )
     run = _Run(server, call, time.perf_counter())
     lease = await server.queue.enter(run.seconds_left())
-    run.start(aiter_in_thread(lambda: _decode(server, call)), lease)
+    run.start(server.events(call), lease)
     handed_over = False  # to the streamed response, which closes the run when it ends
     try:
         await run.plan()  # bad input raises here, before any byte of the response
@@ -171,8 +191,9 @@ async def _answer(server: _Server, call: EngineCall, request: Request) -> Respon
             await run.close()
 
 
-def _decode(server: _Server, call: EngineCall) -> Generator[Delta | RapidOutput | None, None, None]:
-    """Worker thread: None once the call is planned, then `Delta`s, then the output.
+def _decode(server: _Server, call: EngineCall) -> Generator[Event, None, None]:
+    """Worker thread (a request's own, where the batch cannot run): None once the call is
+    planned, then `Delta`s, then the output.
     Closing it (the consumer left) closes the engine stream, freeing its caches."""
     server.metrics.open_streams.inc()
     try:

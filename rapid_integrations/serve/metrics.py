@@ -68,7 +68,19 @@ class Metrics:
         self.running = Gauge("rapid_running_requests", "Requests holding a slot", registry=r)
         self.open_streams = Gauge(
             "rapid_open_streams",
-            "Engine streams not yet closed (their KV caches alive)",
+            "Engine calls not yet ended or closed (their KV caches alive)",
+            registry=r,
+        )
+        self.batch_size = Gauge(
+            "rapid_batch_size",
+            "Calls in the batch (decoding together; prefilling ones included)",
+            registry=r,
+        )
+        self.step_tokens = Histogram(
+            "rapid_step_tokens",
+            "Tokens one batch step's forward passes read, every call's together "
+            "(prefill chunks, pending tokens, drafts)",
+            buckets=tuple(2**i for i in range(14)),  # 1 to 8192
             registry=r,
         )
 

@@ -1,5 +1,5 @@
 """The bounded queue in front of the engine: at most `max_running` sequences decode at once
-(each in a worker thread: the engine is not batched), at most `max_waiting` wait for a slot.
+(the batch size), at most `max_waiting` wait for a slot.
 
 A request that finds the waiting room full is refused at once with 429 and a `Retry-After`
 estimated from recent request durations; one that waits longer than its timeout gets 504.

@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-running",
         type=int,
         default=d.max_running,
-        help=f"sequences decoded at once (default {d.max_running})",
+        help=f"requests decoded together: the batch size (default {d.max_running})",
     )
     p.add_argument(
         "--max-waiting",

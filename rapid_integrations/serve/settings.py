@@ -21,8 +21,8 @@ class ServeSettings:
     """Server settings (plain data: a Ray replica receives a pickled copy).
 
     model / draft / device / dtype: as `rapid ask` takes them (None model: the embedded
-    SmolLM2); served_model_name: the id clients pass as `model`; max_running: sequences decoded
-    at once; max_waiting: requests that may wait for a slot (more get 429); request_timeout:
+    SmolLM2); served_model_name: the id clients pass as `model`; max_running: requests decoded
+    together (the batch size); max_waiting: requests that may wait for a slot (more get 429); request_timeout:
     seconds from arrival to the last token (504 after); api_key: required as `Authorization:
     Bearer KEY` on every route but /health (None: open); collections: (name, path) pairs.
     """
