@@ -256,8 +256,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "batch-rows-to-the-next-call",
         "a batch step settles each call on the next call's rows (verdict and rollback)",
         "rapid_integrations/batch.py",
-        "for i, rows in zip(group, logits, strict=True):",
-        "for i, rows in zip(group, logits[1:] + logits[:1], strict=True):",
+        "for i, rows in zip(group, sent, strict=True):",
+        "for i, rows in zip(group, [*sent[1:], *sent[:1]], strict=True):",
         (BATCH,),
     ),
     Mutant(
