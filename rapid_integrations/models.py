@@ -394,6 +394,7 @@ def _weight_only(model: PreTrainedModel, precision: str, name: str) -> PreTraine
         # The swap replaces Linear modules and never writes a weight: what it leaves is shared.
         clone = copy.deepcopy(model, memo={id(p): p for p in model.parameters()})
         if int4:
+            _warn_slow_int4(model, name)
             int4_weight_only(clone, clone.get_output_embeddings())
         else:
             int8_weight_only(clone)
@@ -405,6 +406,23 @@ def _weight_only(model: PreTrainedModel, precision: str, name: str) -> PreTraine
             "load it quantized instead, with a quantization_config in its model_kwargs",
         )
     return _torchao_int8(copy.deepcopy(model))
+
+
+def _warn_slow_int4(model: PreTrainedModel, name: str) -> None:
+    """Log a warning where torch's int4 CPU kernel is known to be slow: float32 activations on
+    a CPU without AVX-512, where it takes a generic path many times slower than in bfloat16
+    (docs/performance.md, "An int4 target")."""
+    import logging
+
+    import torch
+
+    if model.dtype == torch.float32 and "AVX512" not in torch.backends.cpu.get_cpu_capability():
+        logging.getLogger(__name__).warning(
+            "%s='int4-weight' on a float32 model: this CPU has no AVX-512, where torch's int4 "
+            "kernel is many times slower with float32 activations; load the model with "
+            "dtype='bfloat16'",
+            name,
+        )
 
 
 def _torchao_int8(model: PreTrainedModel) -> PreTrainedModel:

@@ -130,3 +130,25 @@ def test_bench_flag_takes_the_engines_choices():
     assert args.target_precision == "int4-weight"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--target-precision", "int8"])
+
+
+@pytest.mark.parametrize(
+    ("dtype", "capability", "warned"),
+    [
+        (torch.float32, "AVX2", True),
+        (torch.float32, "AVX512", False),
+        (torch.bfloat16, "AVX2", False),
+    ],
+)
+def test_an_int4_copy_of_a_float32_model_warns_where_the_kernel_is_slow(
+    tok, monkeypatch, caplog, dtype, capability, warned
+):
+    """torch's int4 CPU kernel has a fast path for bfloat16 activations only where the CPU
+    lacks AVX-512: a float32 int4 copy there is warned about, naming the option and the fix."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    t = tiny_llama(len(tok), seed=41, dtype=dtype)
+    with caplog.at_level("WARNING", logger="rapid_integrations.models"):
+        RapidEngine(t, tokenizer=tok, target_precision="int4-weight")
+    said = [r.getMessage() for r in caplog.records if r.name == "rapid_integrations.models"]
+    assert bool(said) == warned
+    assert all("target_precision='int4-weight'" in m and "bfloat16" in m for m in said)

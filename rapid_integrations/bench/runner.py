@@ -482,10 +482,15 @@ def _qa_engine(
             load_model(settings.draft, LoadOptions(device, dtype))[0] if settings.draft else None
         )
     probe_seconds: dict[str, float] = {}
-    if not fixed:
+    if not fixed and settings.target_precision == "int4-weight":
+        # bfloat16 activations, where torch's int4 CPU kernel is fast (models._warn_slow_int4);
+        # the probe would time the dequantized model instead.
+        dtype = torch.bfloat16
+        target.to(dtype)  # type: ignore[arg-type]  # python/typeshed#10653
+    elif not fixed:
         dtype, probe_seconds = choose_dtype(target, device)
-        if draft is not None:
-            draft.to(dtype)
+    if draft is not None and not fixed:
+        draft.to(dtype)
     engine = RapidEngine(
         target,
         draft,
