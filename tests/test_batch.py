@@ -1,14 +1,14 @@
 """Continuous batching (rapid_integrations/batch.py, docs/algorithm.md section 14) on tiny
 float32 models: every call's output is its own unbatched `generate` output, whatever else is in
-the batch and whenever it joined; a cancelled or failed call leaves the others unchanged; the
-sampled first two tokens follow the oracle's law with a seed per call."""
+the batch and whenever it joined; a cancelled or failed call leaves the others unchanged. The
+sampling laws are tested on batches of seeded calls (tests/seeded.py, used by
+tests/test_engine_distribution.py and tests/test_grammar.py)."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
-import numpy as np
 import pytest
 import torch
 
@@ -19,14 +19,6 @@ from rapid_integrations import (
     RapidConfigError,
     RapidEngine,
     generate_batch,
-)
-from tests import oracle
-from tests.test_engine_distribution import (
-    FAR_DRAFT_PROMPT,
-    FAR_ETA,
-    FAR_PROMPT,
-    assert_follows,
-    oracle_law,
 )
 from tests.tiny import char_tokenizer, json_tokenizer, tiny_llama
 
@@ -238,41 +230,6 @@ def test_a_cancelled_or_failed_call_frees_its_slot_and_changes_no_other(engines,
     assert (ids[1] in runner.errors) == (how == "fail")
     for i in (0, 2):
         assert runner.outputs[ids[i]].token_ids == alone(engine, calls[i])
-
-
-def test_sampled_first_two_tokens_follow_the_oracle_with_a_seed_per_call(tok, target, draft):
-    """docs/algorithm.md section 4 in a batch: 8 calls at a time, each with its own seed, at
-    eta FAR_ETA with gamma 3 (the first two tokens are decided at drafted positions, as in
-    tests/test_engine_distribution.py, whose oracle law this reuses)."""
-    engine = RapidEngine(
-        target, draft, tokenizer=tok, config=RapidConfig(temperature=1.0, confidence_guard=False)
-    )
-    rules = oracle.Rules(FAR_ETA)
-    first, _ = oracle_law(target, draft, tok, [], rules)
-    second = sum(
-        first[a] * oracle_law(target, draft, tok, [a], rules)[0]
-        for a in range(len(tok))
-        if first[a] > 0
-    )
-    counts = np.zeros((2, len(tok)))
-    for batch in range(75):
-        runner = BatchRunner(engine)
-        for seed in range(8 * batch, 8 * batch + 8):
-            runner.submit(
-                FAR_PROMPT,
-                FAR_DRAFT_PROMPT,
-                seed=seed,
-                eta=FAR_ETA,
-                gamma=3,
-                max_new_tokens=4,
-                ignore_eos=True,
-            )
-        runner.run()
-        for out in runner.outputs.values():
-            counts[0, out.token_ids[0]] += 1
-            counts[1, out.token_ids[1]] += 1
-    assert_follows(counts[0], first)
-    assert_follows(counts[1], second)
 
 
 def test_generate_batch_returns_each_calls_output(engines):

@@ -17,6 +17,7 @@ from rapid_integrations import RapidConfig, RapidEngine
 from rapid_integrations.drafting import ModelProposer
 from rapid_integrations.kv import KVState, direct
 from tests import oracle
+from tests.seeded import position_counts
 from tests.tiny import next_token_probs
 
 PROMPT, DRAFT_PROMPT = "kab", "ab"
@@ -36,12 +37,7 @@ def first_tokens(
 ) -> np.ndarray:
     """Counts [2, V] of the first and the second emitted token over `n` seeds: one sampling
     run serves the laws of both positions."""
-    counts = np.zeros((2, len(engine.tokenizer)))
-    for seed in range(n):
-        out = engine.generate(*prompts, seed=seed, ignore_eos=True, **overrides)
-        counts[0, out.token_ids[0]] += 1
-        counts[1, out.token_ids[1]] += 1
-    return counts
+    return position_counts(engine, prompts, n, ignore_eos=True, **overrides)
 
 
 @torch.inference_mode()

@@ -19,6 +19,7 @@ from scipy.stats import chisquare
 
 from rapid_integrations import Grammar, GrammarError, RapidConfig, RapidEngine, RapidError
 from rapid_integrations.sampling import one_step_law, p_hat
+from tests.seeded import position_counts
 from tests.tiny import json_tokenizer, tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
@@ -141,12 +142,7 @@ N = 600
 
 def sample_tokens(engine: RapidEngine, **overrides) -> np.ndarray:
     """Counts [2, V] of the first and the second emitted token over N seeds."""
-    counts = np.zeros((2, len(engine.tokenizer)))
-    for seed in range(N):
-        out = engine.generate(PROMPT, DRAFT_PROMPT, seed=seed, grammar=CHOICE, **overrides)
-        counts[0, out.token_ids[0]] += 1
-        counts[1, out.token_ids[1]] += 1
-    return counts
+    return position_counts(engine, (PROMPT, DRAFT_PROMPT), N, grammar=CHOICE, **overrides)
 
 
 def assert_follows(counts: np.ndarray, law: np.ndarray) -> None:
