@@ -17,6 +17,7 @@ from rapid_integrations.drafting import LookupProposer, ModelProposer
 from rapid_integrations.kv import KVState, direct
 from rapid_integrations.schedule import GammaSchedule
 from tests import oracle
+from tests.seeded import position_counts
 from tests.test_engine_distribution import assert_follows
 from tests.test_engine_exact import random_prompts
 from tests.tiny import next_token_probs, reference_greedy
@@ -517,14 +518,11 @@ PROMPT, DRAFT_PROMPT = "kabcab", "b"
 N = 800
 
 
-def emitted(engine: RapidEngine, positions: int = 1, **overrides) -> list[np.ndarray]:
-    """Counts of the token emitted at each of the first `positions` places over N seeds."""
-    counts = [np.zeros(len(engine.tokenizer)) for _ in range(positions)]
-    for seed in range(N):
-        out = engine.generate(PROMPT, DRAFT_PROMPT, seed=seed, ignore_eos=True, **overrides)
-        for position, count in enumerate(counts):
-            count[out.token_ids[position]] += 1
-    return counts
+def emitted(engine: RapidEngine, positions: int = 1, **overrides) -> np.ndarray:
+    """Counts [positions, V] of the token emitted at each of the first `positions` places over
+    N seeds."""
+    prompts = (PROMPT, DRAFT_PROMPT)
+    return position_counts(engine, prompts, N, positions, ignore_eos=True, **overrides)
 
 
 @pytest.fixture(scope="module")
