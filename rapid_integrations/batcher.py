@@ -72,6 +72,7 @@ class Batcher:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rapid-batch")
         self._sinks: dict[int, Sink] = {}  # the calls in the runner (worker thread only)
         self._stepping = False  # a step job is queued or running (worker thread only)
+        self._worker: int | None = None  # the worker thread's id, once it has run a submit
 
     @classmethod
     def over(
@@ -138,6 +139,7 @@ class Batcher:
         except BaseException:
             self._later(self._cancel_submitted, future)  # interrupted: cancel it once it is in
             raise
+        item: Item | None = None
         try:
             yield None
             while isinstance(item := items.get(), Delta):
@@ -146,7 +148,8 @@ class Batcher:
                 raise item
             return item
         finally:
-            self._later(self._cancel, call_id)
+            if item is None or isinstance(item, Delta):  # closed before its end
+                self._cancel_now(call_id)
 
     async def _submitted(self, prompt: Prompt, options: CallOptions, sink: Sink) -> int:
         """Submit the call on the worker thread (its planning errors raise here); if the
@@ -158,6 +161,15 @@ class Batcher:
             self._later(self._cancel_submitted, future)  # runs after the submit: FIFO
             raise
 
+    def _cancel_now(self, call_id: int) -> None:
+        """Cancel the call and wait until it is (after at most the step in flight), so that a
+        closed stream has freed its caches, as `engine.stream`'s has. On the worker thread (a
+        stream collected there) the cancel is queued: waiting there would never end."""
+        with contextlib.suppress(RuntimeError):  # shut down: the runner steps no more
+            cancelled = self._pool.submit(self._cancel, call_id)
+            if threading.get_ident() != self._worker:
+                cancelled.result()
+
     def _later(self, job: Callable[..., Any], *args: Any) -> None:
         """Queue `job` on the worker thread without waiting for it (none after shutdown)."""
         with contextlib.suppress(RuntimeError):
@@ -166,6 +178,7 @@ class Batcher:
     # ---- the worker thread -------------------------------------------------------------------
 
     def _submit(self, prompt: Prompt, options: CallOptions, sink: Sink) -> int:
+        self._worker = threading.get_ident()
         call_id = self._runner.submit(prompt, options=options)
         self._sinks[call_id] = sink
         self._gauges.open_calls(1)
