@@ -77,11 +77,11 @@ def test_chat_batch_decodes_together_and_each_answer_is_its_invoke(
     own `invoke`'s, and each input's callbacks see its own run only."""
     chat = ChatRapid(engine=engine)
     alone = [chat.invoke(p).content for p in PROMPTS]
-    assert max(widths) == 1, "an invoke alone is a batch of one"
+    assert max(widths, default=0) == 1, "an invoke alone is a batch of one"
     handlers = [Ends() for _ in PROMPTS]
     widths.clear()
     batched = chat.batch(PROMPTS, config=[{"callbacks": [h]} for h in handlers])
-    assert max(widths) > 1, "the inputs shared steps"
+    assert max(widths, default=0) > 1, "the inputs shared steps"
     assert [m.content for m in batched] == alone
     assert [(h.started, h.texts) for h in handlers] == [(1, [a]) for a in alone]
 
@@ -98,7 +98,7 @@ def test_chat_abatch_with_a_bad_input_returns_its_error_and_the_others_answers(
     out = asyncio.run(chat.abatch(inputs, return_exceptions=True))
     assert isinstance(out[2], ContextWindowExceededError)
     assert [m.content for m in out[:2] + out[3:]] == alone
-    assert max(widths) > 1
+    assert max(widths, default=0) > 1
 
 
 def test_llm_batch_starts_every_prompt_before_reading_one_and_keeps_their_order(
@@ -111,13 +111,13 @@ def test_llm_batch_starts_every_prompt_before_reading_one_and_keeps_their_order(
     alone = [llm.invoke(p) for p in PROMPTS]
     widths.clear()
     assert llm.batch(PROMPTS) == alone
-    assert max(widths) == len(PROMPTS), "every prompt was in the batch at once"
+    assert max(widths, default=0) == len(PROMPTS), "every prompt was in the batch at once"
     widths.clear()
     assert asyncio.run(llm.abatch(PROMPTS)) == alone
-    assert max(widths) == len(PROMPTS)
+    assert max(widths, default=0) == len(PROMPTS)
     widths.clear()
     assert llm.batch(PROMPTS, config={"max_concurrency": 2}) == alone
-    assert max(widths) == 2
+    assert max(widths, default=0) == 2
 
 
 def test_llm_batch_with_a_bad_prompt_fails_every_input_as_baseLLM_does(
@@ -161,7 +161,7 @@ def test_llamaindex_concurrent_async_calls_share_the_batch(
         )
 
     done, chatted, streamed_text, streamed_chat = asyncio.run(together())
-    assert max(widths) > 1, "the coroutines' calls shared steps"
+    assert max(widths, default=0) > 1, "the coroutines' calls shared steps"
     assert done.text == completions[0]
     assert chatted.message.content == chats[0]
     assert streamed_text == completions[1]
