@@ -28,13 +28,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from .batch import BatchRunner
 from .call_options import CallOptions
 from .errors import RapidConfigError
 from .outputs import Delta, RapidOutput, RapidStream
 from .tokens import Prompt
 
 if TYPE_CHECKING:
+    from .batch import BatchRunner
     from .engine import RapidEngine
 
 log = logging.getLogger("rapid")
@@ -83,6 +83,8 @@ class Batcher:
     ) -> Batcher | None:
         """A batcher over `engine`, or None where its models cannot be packed (`refused`
         is told why: each call then decodes by itself)."""
+        from .batch import BatchRunner  # torch loads with the first call, not with the adapters
+
         try:
             return cls(BatchRunner(engine), gauges)
         except RapidConfigError as exc:

@@ -23,7 +23,7 @@ from prometheus_client import Gauge
 from rapid_integrations import RapidEngine, RapidOutput
 from rapid_integrations.grammar import Grammar
 from rapid_integrations.serve import ServeSettings, create_app
-from rapid_integrations.serve.calls import FINISH_REASONS, _choice_seed
+from rapid_integrations.serve.calls import FINISH_REASONS, choice_seed
 from tests.hardening import patched_forward, slow_down, track_caches
 from tests.serve_fixtures import (
     DTYPE,
@@ -280,7 +280,7 @@ def test_n_sampled_choices_have_seeds_of_their_own_and_repeat_with_the_request_s
     assert contents(post(json_server, body).json()) == texts[:1]
     engine = RapidEngine(str(json_model_dir), dtype=DTYPE, device="cpu")
     for index, text in enumerate(texts):
-        seed = _choice_seed(7, index)
+        seed = choice_seed(7, index)
         assert (
             engine.generate(body["messages"], max_new_tokens=16, temperature=1.0, seed=seed).text
             == text

@@ -167,19 +167,19 @@ def check_choices(n: int, most: int) -> None:
 
 def choice_options(call: EngineCall) -> list[CallOptions]:
     """The engine options of each of the call's `n` choices: the call's own, with a seed of
-    its own per choice when the request gave one (`_choice_seed`); without one, every call
+    its own per choice when the request gave one (`choice_seed`); without one, every call
     draws a fresh seed of its own."""
     seed = call.options.config.get("seed")
     if seed is None:
         return [call.options] * call.n
     config = call.options.config
     return [
-        dataclasses.replace(call.options, config={**config, "seed": _choice_seed(seed, i)})
+        dataclasses.replace(call.options, config={**config, "seed": choice_seed(seed, i)})
         for i in range(call.n)
     ]
 
 
-def _choice_seed(seed: int, index: int) -> int:
+def choice_seed(seed: int, index: int) -> int:
     """Choice 0 keeps the request's seed (its answer is the n=1 answer); choice i a 63-bit
     hash of (seed, i), so that no choice shares the stream of another, nor of a request sent
     with a nearby seed."""
