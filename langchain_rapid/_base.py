@@ -31,6 +31,7 @@ from rapid_integrations.adapter_params import (
     translate_generate_kwargs,
 )
 from rapid_integrations.aio import aiter_in_thread as aiter_in_thread  # for chat_models, llms
+from rapid_integrations.batcher import batched_stream
 from rapid_integrations.call_options import CallOptions
 from rapid_integrations.config import FIELD_NAMES, Mode, check_mode
 from rapid_integrations.engine_handle import EngineHandle
@@ -277,8 +278,8 @@ class RapidParams(BaseModel):
         if batch_size is not None:
             raise RapidConfigError(
                 "batch_size",
-                "RAPID decodes one sequence per call; run calls concurrently "
-                "with batch(..., config={'max_concurrency': n})",
+                "calls made together (batch(), concurrent invoke/ainvoke) are decoded in "
+                "one batch on the engine; there is no batch size to set",
             )
         loading = dict(model_kwargs or {})
         if device_map is not None:
@@ -333,7 +334,8 @@ class RapidParams(BaseModel):
         return merge_overrides(("fields", named), ("rapid_config", self.rapid_config))
 
     def _start(self, prompt: Prompt, stop: list[str] | None, kwargs: dict[str, Any]) -> TimedRun:
-        """Begin one engine call. Per-call `kwargs` override the instance: `max_tokens`, the
+        """Begin one engine call, in the engine's batch: calls made at the same time (`batch`,
+        concurrent `invoke`s and `ainvoke`s) decode together (`batcher.batched_stream`). Per-call `kwargs` override the instance: `max_tokens`, the
         `CallOptions` names (`mode`, `draft_prompt`, `retriever`, `query`, tools, ...) and any
         RapidConfig field by name; unknown names raise `RapidConfigError`."""
         call = dict(kwargs)
@@ -347,7 +349,7 @@ class RapidParams(BaseModel):
         if stop is not None:
             call["stop"] = tuple(stop)
         options = CallOptions.of({"mode": self.mode, **self._config_overrides(), **call})
-        return TimedRun(self.get_engine().stream(prompt, options=options), self.timeout)
+        return TimedRun(batched_stream(self.get_engine(), prompt, options), self.timeout)
 
     def _usage(self, output: RapidOutput) -> UsageMetadata:
         """Real token counts: the target's prompt and the committed tokens, of which a

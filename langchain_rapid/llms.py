@@ -16,6 +16,7 @@ from pydantic import ConfigDict
 from rapid_integrations import RapidOutput
 from rapid_integrations.adapter_params import has_chat_template, user_turn
 from rapid_integrations.openai_logprobs import openai_completion_logprobs
+from rapid_integrations.timeouts import TimedRun
 
 from ._base import RapidParams, aiter_in_thread
 
@@ -60,8 +61,8 @@ class RapidLLM(RapidParams, BaseLLM):
     ) -> LLMResult:
         # BaseLLM has no streaming switch of its own: `streaming` decides if tokens reach callbacks.
         callbacks = run_manager if self.streaming else None
-        generations = [_merge(self._stream(p, stop, callbacks, **kwargs)) for p in prompts]
-        return self._result(generations)
+        chunks = self._all_chunks(prompts, stop, kwargs, callbacks)
+        return self._result(_merged(chunks, len(prompts)))
 
     async def _agenerate(
         self,
@@ -71,11 +72,8 @@ class RapidLLM(RapidParams, BaseLLM):
         **kwargs: Any,
     ) -> LLMResult:
         callbacks = run_manager if self.streaming else None
-        generations = []
-        for prompt in prompts:
-            chunks = [chunk async for chunk in self._astream(prompt, stop, callbacks, **kwargs)]
-            generations.append(_merge(chunks))
-        return self._result(generations)
+        chunks = [item async for item in self._achunks(prompts, stop, kwargs, callbacks)]
+        return self._result(_merged(chunks, len(prompts)))
 
     def _stream(
         self,
@@ -84,11 +82,67 @@ class RapidLLM(RapidParams, BaseLLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Generator[GenerationChunk, None, None]:
-        """One chunk per engine step that released text or log probabilities, then a last
-        one with the metadata. Log probabilities are in OpenAI's completion LLM's place and
-        shape (`generation_info["logprobs"]`: tokens, token_logprobs, top_logprobs,
+        for _, chunk in self._all_chunks([prompt], stop, kwargs, run_manager):
+            yield chunk
+
+    async def _astream(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[GenerationChunk]:
+        async for _, chunk in self._achunks([prompt], stop, kwargs, run_manager):
+            yield chunk
+
+    def _all_chunks(
+        self,
+        prompts: list[str],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+        run_manager: CallbackManagerForLLMRun | None = None,
+    ) -> Generator[tuple[int, GenerationChunk], None, None]:
+        """Each prompt's chunks (`_chunks`) with its index, one prompt after another. Every
+        prompt's call is started before the first is read, so that in the engine's batch they
+        decode together (`batch`, `generate`); closing this (or a failure, a prompt that
+        cannot start included) stops them all."""
+        with contextlib.ExitStack() as runs:
+            started = [
+                runs.enter_context(
+                    contextlib.closing(self._start(self._as_prompt(p), stop, kwargs))
+                )
+                for p in prompts
+            ]
+            for index, run in enumerate(started):
+                for chunk in self._chunks(run, run_manager):
+                    yield index, chunk
+
+    async def _achunks(
+        self,
+        prompts: list[str],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+        run_manager: AsyncCallbackManagerForLLMRun | None,
+    ) -> AsyncIterator[tuple[int, GenerationChunk]]:
+        """`_all_chunks` run in a worker thread; the event loop stays free between chunks."""
+        stream = aiter_in_thread(lambda: self._all_chunks(prompts, stop, kwargs))
+        # aclosing: a consumer that stops early stops the worker now, not at garbage collection.
+        async with contextlib.aclosing(stream) as items:
+            async for index, chunk in items:
+                info = chunk.generation_info or {}
+                if run_manager and "usage" not in info:  # not the closing chunk
+                    await run_manager.on_llm_new_token(
+                        chunk.text, chunk=chunk, logprobs=info.get("logprobs")
+                    )
+                yield index, chunk
+
+    def _chunks(
+        self, run: TimedRun, run_manager: CallbackManagerForLLMRun | None = None
+    ) -> Generator[GenerationChunk, None, None]:
+        """One chunk per engine step of `run` that released text or log probabilities, then
+        a last one with the metadata. Log probabilities are in OpenAI's completion LLM's place
+        and shape (`generation_info["logprobs"]`: tokens, token_logprobs, top_logprobs,
         text_offset), so that adding the chunks joins the lists."""
-        run = self._start(self._as_prompt(prompt), stop, kwargs)
         offset = 0  # where the next chunk's tokens start in the text (text_offset)
         for delta in run.deltas():
             if not (delta.text or delta.logprobs):
@@ -104,25 +158,6 @@ class RapidLLM(RapidParams, BaseLLM):
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk, logprobs=logprobs)
             yield chunk
         yield GenerationChunk(text="", generation_info=self._generation_info(run.output))
-
-    async def _astream(
-        self,
-        prompt: str,
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> AsyncIterator[GenerationChunk]:
-        """`_stream` run in a worker thread; the event loop stays free between chunks."""
-        # aclosing: a consumer that stops early stops the worker now, not at garbage collection.
-        stream = aiter_in_thread(lambda: self._stream(prompt, stop, **kwargs))
-        async with contextlib.aclosing(stream) as chunks:
-            async for chunk in chunks:
-                info = chunk.generation_info or {}
-                if run_manager and "usage" not in info:  # not the closing chunk
-                    await run_manager.on_llm_new_token(
-                        chunk.text, chunk=chunk, logprobs=info.get("logprobs")
-                    )
-                yield chunk
 
     def _as_prompt(self, prompt: str) -> str | list[dict[str, str]]:
         """The string as one user turn for a model with a chat template, unless raw."""
@@ -155,6 +190,15 @@ class RapidLLM(RapidParams, BaseLLM):
             generations=[[g] for g in generations],
             llm_output={"token_usage": usage, "model_name": self.model_label},
         )
+
+
+def _merged(items: Iterable[tuple[int, GenerationChunk]], count: int) -> list[Generation]:
+    """The chunks of `count` prompts, each tagged with its prompt's index, as one
+    `Generation` per prompt, in the prompts' order."""
+    chunks: list[list[GenerationChunk]] = [[] for _ in range(count)]
+    for index, chunk in items:
+        chunks[index].append(chunk)
+    return [_merge(c) for c in chunks]
 
 
 def _merge(chunks: Iterable[GenerationChunk]) -> Generation:

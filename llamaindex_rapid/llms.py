@@ -45,6 +45,7 @@ from rapid_integrations.adapter_params import (
     user_turn,
 )
 from rapid_integrations.aio import aiter_in_thread
+from rapid_integrations.batcher import batched_stream
 from rapid_integrations.call_options import CALL_NAMES, CallOptions
 from rapid_integrations.config import FIELD_NAMES, Mode, check_mode
 from rapid_integrations.engine_handle import EngineHandle
@@ -492,9 +493,11 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
 
         The stats exist only once generation has ended, so they ride on a last, empty delta
         (as usage does in other providers' streams). Closing early frees the engine's caches;
-        a call past `timeout` raises `RapidTimeoutError`.
+        a call past `timeout` raises `RapidTimeoutError`. Calls made at the same time (several
+        coroutines' `acomplete` / `achat`, threads) decode together in the engine's batch
+        (`batcher.batched_stream`); each gets the answer it gets alone.
         """
-        run = TimedRun(self.get_engine().stream(prompt, options=options), self.timeout)
+        run = TimedRun(batched_stream(self.get_engine(), prompt, options), self.timeout)
         step = _Step()
         for delta in run.deltas():
             if delta.text or delta.reasoning or delta.logprobs or delta.tool_calls:

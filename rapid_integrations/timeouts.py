@@ -37,6 +37,10 @@ class TimedRun:
                 if self._timeout is not None and time.monotonic() - start > self._timeout:
                     raise RapidTimeoutError(f"generation took longer than {self._timeout} s")
 
+    def close(self) -> None:
+        """Stop the call (one not yet read, too), freeing its caches."""
+        self._stream.close()
+
     @property
     def output(self) -> RapidOutput:
         """The finished call's `RapidOutput` (available once iteration is complete)."""

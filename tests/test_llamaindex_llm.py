@@ -26,6 +26,7 @@ from llama_index.core.prompts.chat_prompts import CHAT_TEXT_QA_PROMPT
 from llama_index.core.prompts.default_prompts import DEFAULT_TEXT_QA_PROMPT
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
+import llamaindex_rapid.llms as llms_module
 from llamaindex_rapid import RapidLLM, RapidRetrieverAdapter
 from rapid_integrations import (
     ContextWindowExceededError,
@@ -239,8 +240,10 @@ def test_chat_passes_role_content_messages(
     llm: RapidLLM, engine: RapidEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[Any] = []
-    stream = engine.stream
-    monkeypatch.setattr(engine, "stream", lambda p, *a, **kw: seen.append(p) or stream(p, *a, **kw))
+    stream = llms_module.batched_stream  # the engine's stream, in its batch
+    monkeypatch.setattr(
+        llms_module, "batched_stream", lambda e, p, o: seen.append(p) or stream(e, p, o)
+    )
     response = llm.chat(MESSAGES)
     assert seen == [AS_DICTS]
     assert response.message.role == "assistant"

@@ -237,7 +237,8 @@ GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "a cab"}], "max
         ('{"model": "tiny", "messages": [', 400, None, "invalid_json"),
         ("[1, 2]", 400, None, "invalid_json"),
         ({**GOOD, "frobnicate": 1}, 400, "frobnicate", "unknown_parameter"),
-        ({**GOOD, "n": 2}, 400, "n", "unsupported_parameter"),
+        ({**GOOD, "n": 0}, 400, "n", "integer_below_min_value"),
+        ({**GOOD, "n": 99}, 400, "n", "integer_above_max_value"),
         ({**GOOD, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", "invalid_value"),
         ({**GOOD, "logprobs": True, "top_logprobs": -1}, 400, "top_logprobs", "invalid_value"),
         ({**GOOD, "top_logprobs": 3}, 400, "top_logprobs", "invalid_value"),
@@ -295,8 +296,8 @@ def test_completion_refusals(server: LiveServer) -> None:
 
 
 def test_sdk_raises_its_own_errors_with_the_message(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError, match="only n=1"):
-        client.chat.completions.create(model=MODEL, messages=CHAT, n=2)
+    with pytest.raises(openai.BadRequestError, match="at most"):
+        client.chat.completions.create(model=MODEL, messages=CHAT, n=99)
     with pytest.raises(openai.UnprocessableEntityError, match="gamma"):
         client.chat.completions.create(model=MODEL, messages=CHAT, extra_body={"gamma": 100})
     with pytest.raises(openai.NotFoundError, match="tiny"):

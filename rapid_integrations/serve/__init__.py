@@ -1,12 +1,12 @@
 """An OpenAI-compatible HTTP server for a `RapidEngine` (`rapid serve`), and its Ray Serve
 deployment (`rapid serve --ray`). Needs the `serve` extra: `pip install "rapid-integrations[serve]"`.
 
-One file per role:
+One file per role (the running requests are decoded together by the package's
+`batcher.Batcher`, which the framework adapters share):
   schemas     the request bodies (pydantic) and the RAPID extension fields they accept
   calls       a request -> one engine call; an engine output -> OpenAI response objects
   collection  server-side documents a request can name (FAISS index built at start)
   scheduler   the bounded queue of concurrent sequences (asyncio semaphore + waiting bound)
-  batching    the running sequences decoded together: one BatchRunner, stepped on one thread
   metrics     Prometheus counters, gauges and histograms (prometheus-client)
   errors      the OpenAI error shape and which status each failure gets
   app         the FastAPI app and its routes

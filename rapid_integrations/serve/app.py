@@ -7,10 +7,11 @@
     GET  /metrics               Prometheus text format
     GET  /health                liveness; the only route open without the API key
 
-Each request takes a slot of the `SequenceQueue` (`max_running` slots: the batch size), then
-its call joins the server's batch (`batching.Batcher`: one forward pass per model and step
-for every running call). Where the engine's models cannot be packed, each request decodes in
-a worker thread of its own instead (`aio.aiter_in_thread`). The engine plans the call before
+Each request takes a slot of the `SequenceQueue` per choice (`n`; `max_running` slots: the
+batch size), then its calls join the server's batch (`rapid_integrations.batcher.Batcher`: one
+forward pass per model and step for every running call). Where the engine's models cannot be
+packed, each request decodes in a worker thread of its own instead (`aio.aiter_in_thread`),
+its choices one after another. The engine plans the call before
 the response starts, so a bad prompt or option is an HTTP error, never a broken stream. A
 client that goes away (or a request past its timeout) has its call cancelled after at most
 the step in flight, which frees its KV caches.
@@ -21,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Generator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response
@@ -33,13 +35,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette import EventSourceResponse
 
 from ..aio import aiter_in_thread
+from ..batcher import Batcher, Event, Gauges
+from ..call_options import CallOptions
 from ..engine import RapidEngine
+from ..errors import RapidConfigError
 from ..outputs import Delta, RapidOutput
-from .batching import Batcher, Event
 from .calls import (
     FINISH_REASONS,
     EngineCall,
     chat_call,
+    check_choices,
+    choice_options,
     chunk,
     completion_call,
     delta_chunks,
@@ -55,6 +61,7 @@ from .schemas import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 from .settings import ServeSettings, process_replica_id
 
 _T = TypeVar("_T")
+log = logging.getLogger("rapid.serve")
 SSE_PING_SECONDS = 15
 """Keep-alive comments on idle streams (a long prefill), so proxies do not drop them."""
 
@@ -75,13 +82,20 @@ class _Server:
         self.queue = SequenceQueue(
             self.settings.max_running, self.settings.max_waiting, self.metrics.queue_changed
         )
-        self.batcher = Batcher.over(self.engine, self.metrics)
+        metrics = self.metrics  # looked up at each report: tests patch the gauges' methods
+        gauges = Gauges(
+            size=lambda calls: metrics.batch_size.set(calls),
+            step_tokens=lambda tokens: metrics.step_tokens.observe(tokens),
+            open_calls=lambda change: metrics.open_streams.inc(change),
+        )
+        self.batcher = Batcher.over(self.engine, gauges, _refused)
 
     def events(self, call: EngineCall) -> AsyncGenerator[Event, None]:
-        """The call's events, decoded in the batch (or in a thread of its own)."""
+        """The events of the call's choices, decoded in the batch (or in a thread of its own)."""
+        choices = choice_options(call)
         if self.batcher is not None:
-            return self.batcher.events(call.prompt, call.options)
-        return aiter_in_thread(lambda: _decode(self, call))
+            return self.batcher.events(call.prompt, choices)
+        return aiter_in_thread(lambda: _decode(self, call, choices))
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
@@ -175,8 +189,9 @@ async def _answer(server: _Server, call: EngineCall, request: Request) -> Respon
             param="model",
             code="model_not_found",
         )
+    check_choices(call.n, server.settings.max_running)
     run = _Run(server, call, time.perf_counter())
-    lease = await server.queue.enter(run.seconds_left())
+    lease = await server.queue.enter(run.seconds_left(), call.n)
     run.start(server.events(call), lease)
     handed_over = False  # to the streamed response, which closes the run when it ends
     try:
@@ -191,17 +206,25 @@ async def _answer(server: _Server, call: EngineCall, request: Request) -> Respon
             await run.close()
 
 
-def _decode(server: _Server, call: EngineCall) -> Generator[Event, None, None]:
-    """Worker thread (a request's own, where the batch cannot run): None once the call is
-    planned, then `Delta`s, then the output.
+def _refused(exc: RapidConfigError) -> None:
+    log.warning("rapid serve: requests decode one per thread, not batched: %s", exc)
+
+
+def _decode(
+    server: _Server, call: EngineCall, choices: list[CallOptions]
+) -> Generator[Event, None, None]:
+    """Worker thread (a request's own, where the batch cannot run): None once the first choice
+    is planned (the others differ by their seed only), then each choice's (index, `Delta`)s
+    and (index, output), one choice after another.
     Closing it (the consumer left) closes the engine stream, freeing its caches."""
     server.metrics.open_streams.inc()
     try:
-        engine = server.engine
-        with engine.stream(call.prompt, options=call.options) as stream:
-            yield None
-            yield from stream.deltas()
-            yield stream.output
+        for index, options in enumerate(choices):
+            with server.engine.stream(call.prompt, options=options) as stream:
+                if index == 0:
+                    yield None
+                yield from ((index, delta) for delta in stream.deltas())
+                yield index, cast(RapidOutput, stream.output)
     finally:
         server.metrics.open_streams.dec()
 
@@ -234,22 +257,24 @@ class _Run:
         assert self.events is not None
         await self.within_deadline(anext(self.events))
 
-    async def deltas(self) -> AsyncIterator[Delta | RapidOutput]:
-        """`Delta`s, then the `RapidOutput`; the slot and the stream are released at the end
-        however it ends (done, failed, timed out, cancelled by a disconnect)."""
+    async def deltas(self) -> AsyncIterator[tuple[int, Delta | RapidOutput]]:
+        """Each choice's (index, `Delta`)s, then its (index, `RapidOutput`), until every
+        choice has ended; the slots and the streams are released at the end however it ends
+        (done, failed, timed out, cancelled by a disconnect)."""
         assert self.events is not None and self.lease is not None
         metrics = self.server.metrics
-        first = True
+        first, left = True, self.call.n  # choices not ended
         try:
-            while True:
-                item = await self.within_deadline(anext(self.events))
+            while left:
+                event = await self.within_deadline(anext(self.events))
+                assert event is not None  # the planned event came first (`plan`)
                 if first:
                     metrics.time_to_first_token.observe(time.perf_counter() - self.arrived)
                     first = False
-                yield item
-                if isinstance(item, RapidOutput):
-                    metrics.finished(item, time.perf_counter() - self.arrived)
-                    return
+                yield event
+                if isinstance(event[1], RapidOutput):
+                    metrics.finished(event[1], time.perf_counter() - self.arrived)
+                    left -= 1
         finally:
             await self.close()
 
@@ -261,33 +286,38 @@ class _Run:
             self.lease.release()
 
     async def whole(self) -> dict[str, Any]:
-        output = None
-        async for item in self.deltas():
-            output = item
-        assert isinstance(output, RapidOutput)
+        ended = {
+            index: item async for index, item in self.deltas() if isinstance(item, RapidOutput)
+        }
+        outputs = [ended[index] for index in range(self.call.n)]
         if self.call.kind == "responses":
-            return response_object(self.call, output, self.server.replica)
-        return response(self.call, output, self.server.replica)
+            return response_object(self.call, outputs[0], self.server.replica)
+        return response(self.call, outputs, self.server.replica)
 
     async def sse(self) -> AsyncIterator[str]:
         """Server-sent events: the chunks, then `[DONE]`; an error mid-stream is one event in
         the OpenAI error shape (the SDK raises it), and the stream ends."""
         call = self.call
         asked = bool(call.options.config.get("logprobs"))
-        offset = 0  # where the next chunk's tokens start in the text (completions' text_offset)
+        # Per choice: where its next chunk's tokens start in its text (completions' text_offset).
+        offsets = [0] * call.n
+        ended: dict[int, RapidOutput] = {}
         try:
             if call.kind == "chat":
-                yield _json(chunk(call, role=True))
-            async for item in self.deltas():
+                for index in range(call.n):
+                    yield _json(chunk(call, role=True, index=index))
+            async for index, item in self.deltas():
                 if isinstance(item, Delta):
                     entries = item.logprobs if asked else None
-                    for piece in delta_chunks(call, item, entries, offset):
+                    for piece in delta_chunks(call, item, entries, offsets[index], index):
                         yield _json(piece)
-                    offset += sum(len(e.token) for e in item.logprobs)
+                    offsets[index] += sum(len(e.token) for e in item.logprobs)
                 else:
-                    yield _json(chunk(call, finish=_finish_reason(item)))
-                    if call.include_usage:
-                        yield _json(usage_chunk(call, item, self.server.replica))
+                    yield _json(chunk(call, finish=_finish_reason(item), index=index))
+                    ended[index] = item
+            if call.include_usage:
+                outputs = [ended[index] for index in range(call.n)]
+                yield _json(usage_chunk(call, outputs, self.server.replica))
             yield "[DONE]"
         except Exception as exc:
             yield _json(classify(exc).body())
@@ -299,7 +329,7 @@ class _Run:
         try:
             for event in events.start():
                 yield _named(event)
-            async for item in self.deltas():
+            async for _, item in self.deltas():  # one choice
                 batch = events.delta(item) if isinstance(item, Delta) else events.finish(item)
                 for event in batch:
                     yield _named(event)

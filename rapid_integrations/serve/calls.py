@@ -7,7 +7,13 @@ for usage (`stream_options.include_usage`). Tools and `response_format` become t
 `tools=` / `tool_choice=` / `grammar=` (docs/algorithm.md sections 10-11). `logprobs` and
 `top_logprobs` (chat) or `logprobs: int` (completions) become the engine's `logprobs=` and
 `top_logprobs=` (section 12), always passed, so that a call computes only what it asked for;
-`choices[0].logprobs` then has OpenAI's shape, in every chunk of a stream too.
+each choice's `logprobs` then has OpenAI's shape, in every chunk of a stream too.
+
+`n` choices are n engine calls on the request's prompt (decoded side by side in the batch), each
+answered under its own `index`, in chunks too. A request's `seed` is choice 0's; each later
+choice gets a seed derived from it (`choice_options`), so that sampled choices differ and a
+request repeats with its seed; greedy choices are identical. `usage` counts the prompt once and
+the completions of every choice (OpenAI's and vLLM's counts); `usage.rapid` is choice 0's stats.
 
 Reasoning (docs/algorithm.md section 13) comes back in vLLM's names: `message.reasoning_content`
 and `delta.reasoning_content`, counted in `usage.completion_tokens_details.reasoning_tokens`; an
@@ -19,6 +25,8 @@ type and name, the next ones pieces of its arguments.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -49,6 +57,7 @@ class EngineCall:
     stream: bool
     include_usage: bool
     model: str
+    n: int = 1  # choices: one engine call each (checked by `check_choices`)
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
     echo: dict[str, Any] = field(default_factory=dict)  # request fields a response repeats
@@ -118,13 +127,12 @@ def _call(
         stream=bool(request.stream),
         include_usage=bool(stream_options and stream_options.include_usage),
         model=request.model,
+        n=1 if request.n is None else request.n,
     )
 
 
 def _overrides(request: _Request, max_tokens: int | None) -> dict[str, Any]:
     """`RapidConfig` overrides of the call (values are checked by the engine)."""
-    if request.n not in (None, 1):
-        raise unsupported("n", f"only n=1 is supported (one sequence per request), got {request.n}")
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(request, name):
             raise unsupported(name, "penalties are not supported (send 0 or omit it)")
@@ -139,6 +147,46 @@ def _overrides(request: _Request, max_tokens: int | None) -> dict[str, Any]:
         "query": request.query,
     }
     return {k: v for k, v in openai.items() if v is not None} | request.rapid_options()
+
+
+def check_choices(n: int, most: int) -> None:
+    """400 for an `n` outside 1..`most` (the server's running limit: every choice is a
+    sequence of the batch), with OpenAI's error codes for it."""
+    if n < 1:
+        raise ServeError(
+            400, f"n: must be at least 1, got {n}", param="n", code="integer_below_min_value"
+        )
+    if n > most:
+        raise ServeError(
+            400,
+            f"n: at most {most} choices (this server's --max-running), got {n}",
+            param="n",
+            code="integer_above_max_value",
+        )
+
+
+def choice_options(call: EngineCall) -> list[CallOptions]:
+    """The engine options of each of the call's `n` choices: the call's own, with a seed of
+    its own per choice when the request gave one (`choice_seed`); without one, every call
+    draws a fresh seed of its own."""
+    seed = call.options.config.get("seed")
+    if seed is None:
+        return [call.options] * call.n
+    config = call.options.config
+    return [
+        dataclasses.replace(call.options, config={**config, "seed": choice_seed(seed, i)})
+        for i in range(call.n)
+    ]
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """Choice 0 keeps the request's seed (its answer is the n=1 answer); choice i a 63-bit
+    hash of (seed, i), so that no choice shares the stream of another, nor of a request sent
+    with a nearby seed."""
+    if index == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 def _logprob_options(logprobs: bool, top_logprobs: int) -> dict[str, Any]:
@@ -249,20 +297,35 @@ def _message(message: ChatMessage, index: int) -> dict[str, Any]:
 # ---- responses ------------------------------------------------------------------------------
 
 
-def usage(output: RapidOutput, replica: str) -> dict[str, Any]:
-    """OpenAI usage counts plus the extension field `rapid`: the call's stats and replica."""
-    prompt, completion = output.prompt_tokens, len(output.token_ids)
+def usage(outputs: Sequence[RapidOutput], replica: str) -> dict[str, Any]:
+    """OpenAI usage counts of a request's choices (`outputs`, in order): the prompt once, the
+    completions summed; plus the extension field `rapid`: choice 0's stats and the replica."""
+    prompt = outputs[0].prompt_tokens
+    completion = sum(len(o.token_ids) for o in outputs)
+    reasoning = sum(o.stats.reasoning_tokens for o in outputs)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "completion_tokens_details": {"reasoning_tokens": output.stats.reasoning_tokens},
-        "rapid": {**output.stats.to_dict(), "replica": replica},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
+        "rapid": {**outputs[0].stats.to_dict(), "replica": replica},
     }
 
 
-def response(call: EngineCall, output: RapidOutput, replica: str) -> dict[str, Any]:
-    """The whole (non-streamed) response object."""
+def response(call: EngineCall, outputs: Sequence[RapidOutput], replica: str) -> dict[str, Any]:
+    """The whole (non-streamed) response object of the choices' `outputs`, in order."""
+    return {
+        "id": call.id,
+        "object": "chat.completion" if call.kind == "chat" else "text_completion",
+        "created": call.created,
+        "model": call.model,
+        "choices": [_choice(call, index, output) for index, output in enumerate(outputs)],
+        "usage": usage(outputs, replica),
+    }
+
+
+def _choice(call: EngineCall, index: int, output: RapidOutput) -> dict[str, Any]:
+    """One choice of a whole response: its message (chat) or text, finish reason, logprobs."""
     finish = FINISH_REASONS[output.finish_reason]
     if call.kind == "chat":
         message: dict[str, Any] = {"role": "assistant", "content": output.text}
@@ -270,20 +333,11 @@ def response(call: EngineCall, output: RapidOutput, replica: str) -> dict[str, A
             message |= {"content": output.text or None, "tool_calls": tool_calls(output)}
         if output.reasoning is not None:
             message["reasoning_content"] = output.reasoning
-        obj = "chat.completion"
-        choice = {"index": 0, "message": message, "finish_reason": finish}
+        choice = {"index": index, "message": message, "finish_reason": finish}
     else:
-        obj = "text_completion"
-        choice = {"index": 0, "text": output.text, "finish_reason": finish}
+        choice = {"index": index, "text": output.text, "finish_reason": finish}
     choice["logprobs"] = choice_logprobs(call, output.logprobs)
-    return {
-        "id": call.id,
-        "object": obj,
-        "created": call.created,
-        "model": call.model,
-        "choices": [choice],
-        "usage": usage(output, replica),
-    }
+    return choice
 
 
 def choice_logprobs(
@@ -308,10 +362,11 @@ def chunk(
     offset: int = 0,
     reasoning: str = "",
     fragments: Sequence[CallFragment] = (),
+    index: int = 0,
 ) -> dict[str, Any]:
-    """One streamed chunk: a text delta (with its tokens' log probabilities, `entries`, when
-    the call asked for them; chat: with reasoning text and tool-call fragments), the opening
-    role (chat), or the finish reason."""
+    """One streamed chunk of choice `index`: a text delta (with its tokens' log
+    probabilities, `entries`, when the call asked for them; chat: with reasoning text and
+    tool-call fragments), the opening role (chat), or the finish reason."""
     if call.kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
         if text is not None and (text or not (reasoning or fragments)):
@@ -320,10 +375,10 @@ def chunk(
             delta["reasoning_content"] = reasoning
         if fragments:
             delta["tool_calls"] = [_call_delta(f) for f in fragments]
-        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        choice = {"index": index, "delta": delta, "finish_reason": finish}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "finish_reason": finish}
+        choice = {"index": index, "text": text or "", "finish_reason": finish}
         obj = "text_completion"
     choice["logprobs"] = choice_logprobs(call, entries, offset)
     out = {
@@ -344,9 +399,13 @@ def tool_calls(output: RapidOutput) -> list[dict[str, Any]]:
 
 
 def delta_chunks(
-    call: EngineCall, delta: Delta, entries: Sequence[TokenLogprob] | None, offset: int
+    call: EngineCall,
+    delta: Delta,
+    entries: Sequence[TokenLogprob] | None,
+    offset: int,
+    index: int = 0,
 ) -> list[dict[str, Any]]:
-    """The chunks of one engine step: its text, reasoning and log probabilities in the first,
+    """The chunks of one engine step of choice `index`: its text, reasoning and log probabilities in the first,
     and its call fragments split so that no chunk holds two of one call (the SDK's merge takes
     a chunk's list as it is: a call's opening fragment and its first arguments would be two
     calls)."""
@@ -362,8 +421,9 @@ def delta_chunks(
         offset=offset,
         reasoning=delta.reasoning,
         fragments=runs[0],
+        index=index,
     )
-    return [first, *(chunk(call, fragments=run) for run in runs[1:])]
+    return [first, *(chunk(call, fragments=run, index=index) for run in runs[1:])]
 
 
 def _call_delta(fragment: CallFragment) -> dict[str, Any]:
@@ -379,6 +439,6 @@ def _call_delta(fragment: CallFragment) -> dict[str, Any]:
     }
 
 
-def usage_chunk(call: EngineCall, output: RapidOutput, replica: str) -> dict[str, Any]:
-    """The last chunk of a stream with `include_usage`: no choices, the usage."""
-    return {**chunk(call), "choices": [], "usage": usage(output, replica)}
+def usage_chunk(call: EngineCall, outputs: Sequence[RapidOutput], replica: str) -> dict[str, Any]:
+    """The last chunk of a stream with `include_usage`: no choices, the usage of all."""
+    return {**chunk(call), "choices": [], "usage": usage(outputs, replica)}

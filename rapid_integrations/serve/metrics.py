@@ -65,7 +65,11 @@ class Metrics:
             "rapid_request_duration_seconds", "From arrival to the last token", registry=r
         )
         self.queue_depth = Gauge("rapid_queue_depth", "Requests waiting for a slot", registry=r)
-        self.running = Gauge("rapid_running_requests", "Requests holding a slot", registry=r)
+        self.running = Gauge(
+            "rapid_running_requests",
+            "Sequences holding a slot (a request holds one per choice, n)",
+            registry=r,
+        )
         self.open_streams = Gauge(
             "rapid_open_streams",
             "Engine calls not yet ended or closed (their KV caches alive)",

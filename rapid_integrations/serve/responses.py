@@ -437,7 +437,7 @@ def _response(call: EngineCall, status: str, output: list[dict[str, Any]]) -> di
 
 def _usage(output: RapidOutput, replica: str) -> dict[str, Any]:
     """The Responses API's usage names of chat's `usage` (the RAPID stats under `rapid`)."""
-    counts = usage(output, replica)
+    counts = usage([output], replica)
     return {
         "input_tokens": counts["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": output.stats.cached_prefix_tokens},

@@ -1,5 +1,6 @@
 """The bounded queue in front of the engine: at most `max_running` sequences decode at once
-(the batch size), at most `max_waiting` wait for a slot.
+(the batch size; a request takes a slot per sequence, one per choice), at most `max_waiting`
+requests wait for their slots.
 
 A request that finds the waiting room full is refused at once with 429 and a `Retry-After`
 estimated from recent request durations; one that waits longer than its timeout gets 504.
@@ -18,17 +19,18 @@ RETRY_AFTER_BOUNDS = (1, 60)
 
 
 class Lease:
-    """A held slot; `release()` gives it back (idempotent)."""
+    """Held slots; `release()` gives them back (idempotent)."""
 
-    def __init__(self, queue: SequenceQueue, start: float) -> None:
+    def __init__(self, queue: SequenceQueue, start: float, slots: int) -> None:
         self._queue = queue
         self._start = start
+        self._slots = slots
         self._held = True
 
     def release(self) -> None:
         if self._held:
             self._held = False
-            self._queue._release(asyncio.get_running_loop().time() - self._start)
+            self._queue._release(asyncio.get_running_loop().time() - self._start, self._slots)
 
 
 class SequenceQueue:
@@ -48,11 +50,15 @@ class SequenceQueue:
         self.running = 0
         self.waiting = 0
         self._slots = asyncio.Semaphore(max_running)
+        # One request takes its slots at a time: two that each held some of theirs could
+        # wait for each other's forever.
+        self._taking = asyncio.Lock()
         self._on_change = on_change
         self._mean_seconds = 1.0  # moving average of how long a slot is held
 
-    async def enter(self, timeout: float) -> Lease:
-        """Wait for a slot; raises 429 `ServeError` if the waiting room is full, 504 on timeout."""
+    async def enter(self, timeout: float, slots: int = 1) -> Lease:
+        """Wait for `slots` slots (at most `max_running`); raises 429 `ServeError` if the
+        waiting room is full, 504 on timeout."""
         if self._slots.locked() and self.waiting >= self.max_waiting:
             raise ServeError(
                 429,
@@ -64,13 +70,13 @@ class SequenceQueue:
             )
         self._count(waiting=+1)
         try:
-            await asyncio.wait_for(self._slots.acquire(), timeout)
+            await asyncio.wait_for(self._take(slots), timeout)
         except asyncio.TimeoutError:
             raise timed_out() from None
         finally:
             self._count(waiting=-1)
-        self._count(running=+1)
-        return Lease(self, asyncio.get_running_loop().time())
+        self._count(running=+slots)
+        return Lease(self, asyncio.get_running_loop().time(), slots)
 
     def retry_after(self) -> int:
         """Seconds until a slot is likely free for a new request (whole, within the bounds)."""
@@ -78,10 +84,24 @@ class SequenceQueue:
         low, high = RETRY_AFTER_BOUNDS
         return max(low, min(high, math.ceil(self._mean_seconds * ahead)))
 
-    def _release(self, held_seconds: float) -> None:
+    async def _take(self, slots: int) -> None:
+        """Acquire `slots` slots; those taken are given back if the wait ends first."""
+        taken = 0
+        try:
+            async with self._taking:
+                while taken < slots:
+                    await self._slots.acquire()
+                    taken += 1
+        except BaseException:
+            for _ in range(taken):
+                self._slots.release()
+            raise
+
+    def _release(self, held_seconds: float, slots: int) -> None:
         self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * held_seconds
-        self._slots.release()
-        self._count(running=-1)
+        for _ in range(slots):
+            self._slots.release()
+        self._count(running=-slots)
 
     def _count(self, running: int = 0, waiting: int = 0) -> None:
         self.running += running
