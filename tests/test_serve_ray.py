@@ -37,9 +37,15 @@ def ray_url(served_model_dir: Path) -> Iterator[str]:
 
     root = str(Path(rapid_integrations.__file__).resolve().parents[1])  # the code under test
     env = {"PYTHONPATH": root, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    ray.init(
-        num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env}
-    )
+    with pytest.MonkeyPatch.context() as patch:
+        # Set before Ray starts, so its controller inherits them: Ray Serve kills a proxy that
+        # has not answered its ready check in 5 s or three 10 s health checks, and on two cores
+        # shared with other test workers one took longer (ActorDiedError, "killed by ray.kill").
+        for check in ("READY_CHECK", "HEALTH_CHECK"):
+            patch.setenv(f"RAY_SERVE_PROXY_{check}_TIMEOUT_S", "120")
+        ray.init(
+            num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env}
+        )
     try:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
