@@ -182,8 +182,10 @@ def _causal(t: int, kv: int, like: torch.Tensor) -> torch.Tensor | None:
 def _scores(
     query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
-    """Scaled scores [.., q, kv] in float32, masked positions -inf (a float mask is added)."""
-    scores = torch.matmul(query, key.transpose(-1, -2)).float() * scale
+    """Scaled scores [.., q, kv] in float32 or wider (float64 stays), masked positions -inf (a
+    float mask is added)."""
+    wide = torch.promote_types(query.dtype, torch.float32)
+    scores = torch.matmul(query, key.transpose(-1, -2)).to(wide) * scale
     if mask is None:
         return scores
     return scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
@@ -205,14 +207,15 @@ def _merged_attention(query: torch.Tensor, parts: list[Part], scale: float) -> t
     """Attention of folded queries [1, Hkv, n, d] over the concatenation of `parts`, computed
     part by part (the cascade / shared-prefix split of SGLang and FlashInfer): part i gives
     its own softmax-weighted values o_i [1, Hkv, n, d] and the log-sum-exp l_i [1, Hkv, n, 1]
-    of its scores; the whole softmax puts mass exp(l_i - logsumexp_j l_j) on part i, so the
-    output is sum_i o_i exp(l_i - logsumexp_j l_j), up to float rounding. Every part must
-    leave each query some key (the own part always holds the query's own token)."""
+    of its scores (float32 or wider: float64 models stay exact); the whole softmax puts mass
+    exp(l_i - logsumexp_j l_j) on part i, so the output is sum_i o_i exp(l_i - logsumexp_j
+    l_j), up to float rounding. Every part must leave each query some key (the own part
+    always holds the query's own token)."""
     outs, sums = [], []
     for key, value, mask in parts:
         scores = _scores(query, key, mask, scale)
         lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-        outs.append(torch.matmul(torch.exp(scores - lse).to(value.dtype), value).float())
+        outs.append(torch.matmul(torch.exp(scores - lse).to(value.dtype), value).to(lse.dtype))
         sums.append(lse)
     weights = torch.softmax(torch.stack(sums), dim=0)  # [parts, 1, Hkv, n, 1]
     return (weights * torch.stack(outs)).sum(dim=0).to(parts[-1][1].dtype)
