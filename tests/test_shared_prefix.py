@@ -234,3 +234,14 @@ def test_lookup_cuts_a_two_part_entry_at_the_common_prefix(target):
     assert n == 2 and [p[0][0].shape[-2] for p in found] == [2]
     store.store(target, [1, 2, 8], [[(a[..., :3, :], a[..., :3, :])]], 1 << 20)
     assert store.nbytes == a.untyped_storage().nbytes() + b.untyped_storage().nbytes()
+
+
+def test_float64_logprobs_on_a_shared_prefix_equal_a_fresh_calls(engines):
+    engine = engines["separate"]  # float64 tiny models (conftest)
+    engine.generate(DOC + QUESTIONS[0], "ghi")
+    out = engine.generate(DOC + QUESTIONS[1], "ghi", gamma=4, logprobs=True)
+    want = engine.generate(DOC + QUESTIONS[1], "ghi", gamma=4, logprobs=True, prefix_cache_bytes=0)
+    assert out.stats.cached_prefix_tokens >= len(DOC)
+    assert out.token_ids == want.token_ids
+    got = [e.logprob for e in out.logprobs]
+    assert np.allclose(got, [e.logprob for e in want.logprobs], rtol=0, atol=1e-10)
