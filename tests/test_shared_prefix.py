@@ -77,6 +77,18 @@ def test_single_calls_on_a_shared_prefix_equal_fresh_ones(cold, gamma, lookup):
     assert len(shared_storages(cold)) == 1  # every entry reads the first call's buffer
 
 
+def test_a_next_turn_shares_the_document_and_copies_its_own_earlier_turn(cold):
+    """The second call's entry has two parts (the first call's document, its own question);
+    its next turn shares the first part and copies the common tokens of the second."""
+    cold.generate(DOC + QUESTIONS[0], "ghi")
+    cold.generate(DOC + QUESTIONS[1], "ghi")
+    follow_up = DOC + QUESTIONS[1] + " abc " + QUESTIONS[2]
+    out = cold.generate(follow_up, "ghi", gamma=3)
+    assert out.stats.cached_prefix_tokens == len(DOC + QUESTIONS[1]) - 1  # its stored head
+    assert out.token_ids == fresh(cold, follow_up, gamma=3)
+    assert len(shared_storages(cold)) == 1
+
+
 def test_the_split_equals_the_copy_path(engine, monkeypatch):
     prompts = [DOC + q for q in QUESTIONS]
     engine.prefix_cache.clear()
