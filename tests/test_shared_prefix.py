@@ -234,6 +234,18 @@ def test_bf16_target_with_an_int4_draft_shares_like_the_copy_path(tok, monkeypat
     ]
 
 
+def test_an_int4_target_shares_and_decodes_as_a_fresh_call(tok):
+    model = tiny_llama(len(tok), seed=41, dtype=torch.float32, scale=0.5)
+    cfg = RapidConfig(eta=0.0, max_new_tokens=10, ignore_eos=True)
+    engine = RapidEngine(model, tokenizer=tok, config=cfg, target_precision="int4-weight")
+    for q in QUESTIONS[:3]:
+        out = engine.generate(DOC + q, "ghi", gamma=4)
+        assert out.token_ids == fresh(engine, DOC + q, gamma=4)
+    assert out.stats.cached_prefix_tokens >= len(DOC)
+    # The document's buffer, and the self-draft's own "ghi" prompt (the same int4 model).
+    assert len(shared_storages(engine)) == 2
+
+
 def test_lookup_cuts_a_two_part_entry_at_the_common_prefix(target):
     store = PrefixCache()
     a, b = torch.zeros(1, 1, 8, 2), torch.ones(1, 1, 8, 2)
