@@ -259,7 +259,8 @@ class KVState:
         max_prefix_bytes: int = 0,
         draft: bool = False,
     ) -> Forwards[KVState]:
-        """Prefill all but the last prompt token, reusing a stored prefix when one matches.
+        """Prefill all but the last prompt token, reusing a stored prefix when one matches
+        (read in place where it can be shared, else copied: `_load`, section 14.1).
 
         The rest is read in chunks of `chunk` tokens, each a `Feed` (`draft`: its flag) that
         keeps one logit row, so the prompt's full-vocabulary logits are never materialized
