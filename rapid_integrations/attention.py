@@ -12,24 +12,38 @@ function unchanged.
 
 A packed forward pass of several sequences (`kv.PackedCache`, the varlen layout) passes its
 layout as the `rapid_layout` keyword: each segment's queries attend to their own sequence's
-KV, each under its own causal mask (`_varlen`).
+KV, each under its own causal mask (`_varlen`). A sequence that reads a shared prefix (one
+stored copy of a document's KV for every call on it, docs/algorithm.md section 14.1) has its
+KV in two parts, the prefix and its own tokens; a decode or verify block attends to each part
+and merges the two by their log-sum-exp (`_merged_attention`), so no per-step copy of the
+prefix is made.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-if TYPE_CHECKING:
-    from .kv import PackedCache
-
 NAME = "rapid_decode"
 LAYOUT = "rapid_layout"
-"""The forward keyword that carries a packed pass's `kv.PackedCache` down to attention."""
+"""The forward keyword that carries a packed pass's layout (`kv.PackedCache`) to attention."""
+
+
+class PackedLayout(Protocol):
+    """What attention reads of a packed pass (`kv.PackedCache` is one)."""
+
+    bounds: list[tuple[int, int]]  # segment i's (start, end) in the packed row
+
+    def kv(self, layer_idx: int, segment: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Sequence `segment`'s keys and values at `layer_idx`, as consecutive parts
+        [1, Hkv, tokens, d]: a shared prefix where it reads one, then its own (last)."""
+        ...
+
+
 MAX_FOLDED_QUERIES = 64  # decode and verify blocks; longer blocks are prefill
 
 
@@ -47,71 +61,134 @@ def rapid_attention(
     layout = kwargs.pop(LAYOUT, None)
     if layout is not None:
         return _varlen(module, query, layout, dropout, scaling, **kwargs)
-    batch, heads, q_len, dim = query.shape
-    groups = heads // key.shape[1]
+    if not _foldable(query, key, value, attention_mask, dropout, kwargs):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout, scaling, **kwargs
+        )
+    return _folded(query, [(key, value, attention_mask)], scaling), None
+
+
+def _foldable(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float,
+    kwargs: dict[str, Any],
+) -> bool:
+    """Whether `_folded` computes this block exactly: one sequence, a decode or verify block
+    (prefill and anything unusual go to transformers' SDPA function)."""
     plain = (
-        batch == 1
+        query.shape[0] == 1
         and dropout == 0.0
         and not kwargs.get("softcap")
         and "position_bias" not in kwargs
     )
-    causal_prefill = attention_mask is None and q_len > 1
-    if (
-        not plain
-        or causal_prefill
-        or q_len > MAX_FOLDED_QUERIES
-        or key.shape[-1] != value.shape[-1]
-    ):
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout, scaling, **kwargs
-        )
-    folded = query.reshape(1, key.shape[1], groups * q_len, dim)
-    mask = None
-    if attention_mask is not None:
-        mask = attention_mask.expand(1, 1, q_len, -1)
-        mask = (
-            mask[:, :, None]
-            .expand(1, 1, groups, q_len, mask.shape[-1])
-            .reshape(1, 1, groups * q_len, -1)
-        )
+    causal_prefill = attention_mask is None and query.shape[2] > 1
+    return (
+        plain
+        and not causal_prefill
+        and query.shape[2] <= MAX_FOLDED_QUERIES
+        and key.shape[-1] == value.shape[-1]
+    )
+
+
+Part = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+"""Keys, values [1, Hkv, kv_i, d] and a mask [1, 1, q, kv_i] (or [1, 1, 1, kv_i]; None: every
+key seen) of one part of a sequence's KV."""
+
+
+def _folded(query: torch.Tensor, parts: list[Part], scaling: float | None) -> torch.Tensor:
+    """Query [1, Hq, q, d] against the concatenation of `parts` (consecutive, in order),
+    the query heads that share a KV head folded into the query axis; returns [1, q, Hq, d].
+    Several parts (a shared prefix, then the sequence's own tokens: section 14.1) are
+    attended part by part and merged (`_merged_attention`), never concatenated."""
+    _, heads, q_len, dim = query.shape
+    kv_heads = parts[0][0].shape[1]
+    groups = heads // kv_heads
+    folded = query.reshape(1, kv_heads, groups * q_len, dim)
+    tiled = [(key, value, _tiled(mask, groups, q_len)) for key, value, mask in parts]
     scale = scaling if scaling is not None else dim**-0.5
-    if query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16):
-        out = _matmul_attention(folded, key, value, mask, scale)
+    if len(tiled) > 1:
+        out = _merged_attention(folded, tiled, scale)
+    elif query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16):
+        out = _matmul_attention(folded, *tiled[0], scale)
     else:
+        key, value, mask = tiled[0]
         out = torch.nn.functional.scaled_dot_product_attention(
             folded, key, value, attn_mask=mask, scale=scale
         )
-    return out.reshape(1, heads, q_len, dim).transpose(1, 2).contiguous(), None
+    return out.reshape(1, heads, q_len, dim).transpose(1, 2).contiguous()
+
+
+def _tiled(mask: torch.Tensor | None, groups: int, q_len: int) -> torch.Tensor | None:
+    """A mask [1, 1, q or 1, kv] repeated for each folded query head: [1, 1, groups * q, kv]."""
+    if mask is None:
+        return None
+    mask = mask.expand(1, 1, q_len, -1)
+    return (
+        mask[:, :, None]
+        .expand(1, 1, groups, q_len, mask.shape[-1])
+        .reshape(1, 1, groups * q_len, -1)
+    )
 
 
 def _varlen(
     module: torch.nn.Module,
     query: torch.Tensor,
-    layout: PackedCache,
+    layout: PackedLayout,
     dropout: float,
     scaling: float | None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Attention of a packed row: query [1, Hq, T_total, d], segment i (`layout.bounds`)
-    against its own sequence's keys and values [1, Hkv, kv_i, d] (`layout.kv`), new tokens
-    last; returns [1, T_total, Hq, d]. Segment i's t_i queries sit at the last t_i positions
-    of its KV: query j sees keys 0 .. kv_i - t_i + j, the mask transformers' `sdpa_mask`
-    builds for one sequence (none for one query, as there), so each segment computes what its
-    sequence's own forward pass would."""
+    against its own sequence's keys and values (`layout.kv`: a shared prefix [1, Hkv, P_i, d]
+    where it reads one, then its own [1, Hkv, kv_i, d], new tokens last); returns
+    [1, T_total, Hq, d]. Segment i's t_i queries sit at the last t_i positions of its own KV:
+    query j sees every shared key and own keys 0 .. kv_i - t_i + j, the mask transformers'
+    `sdpa_mask` builds for one sequence (none for one query, as there), so each segment
+    computes what its sequence's own forward pass would. A shared prefix is attended apart
+    and merged (section 14.1), except under a long (prefill) block, which reads the prefix
+    and its own KV concatenated, once per layer and block."""
     outputs = []
     for segment, (start, end) in enumerate(layout.bounds):
-        key, value = layout.kv(module.layer_idx, segment)  # type: ignore[arg-type]
-        t, kv = end - start, key.shape[-2]
-        mask = None
-        if t > 1:
-            seen = torch.arange(kv, device=key.device)[None, :]  # [1, kv]
-            last = torch.arange(kv - t, kv, device=key.device)[:, None]  # [t, 1]
-            mask = (seen <= last)[None, None]  # [1, 1, t, kv]
-        out, _ = rapid_attention(
-            module, query[:, :, start:end], key, value, mask, dropout, scaling, **kwargs
-        )
+        *shared, (key, value) = layout.kv(module.layer_idx, segment)  # type: ignore[arg-type]
+        block = query[:, :, start:end]
+        kv = key.shape[-2] + sum(k.shape[-2] for k, _ in shared)
+        mask = _causal(end - start, kv, key)  # over [shared ; own]
+        own_mask = None if mask is None else mask[..., kv - key.shape[-2] :]
+        if shared and _foldable(block, key, value, own_mask, dropout, kwargs):
+            parts: list[Part] = [(k, v, None) for k, v in shared]  # seen by every query
+            out = _folded(block, [*parts, (key, value, own_mask)], scaling)
+        else:
+            if shared:  # a prefill block: read the prefix and its own KV joined, once
+                key = torch.cat([*(k for k, _ in shared), key], dim=-2)
+                value = torch.cat([*(v for _, v in shared), value], dim=-2)
+            out, _ = rapid_attention(module, block, key, value, mask, dropout, scaling, **kwargs)
         outputs.append(out)  # [1, t, Hq, d]
     return torch.cat(outputs, dim=1), None
+
+
+def _causal(t: int, kv: int, like: torch.Tensor) -> torch.Tensor | None:
+    """The mask [1, 1, t, kv] of t new queries at the last t of kv positions (None for one
+    query: it sees every key)."""
+    if t == 1:
+        return None
+    seen = torch.arange(kv, device=like.device)[None, :]  # [1, kv]
+    last = torch.arange(kv - t, kv, device=like.device)[:, None]  # [t, 1]
+    return (seen <= last)[None, None]
+
+
+def _scores(
+    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """Scaled scores [.., q, kv] in float32 or wider (float64 stays), masked positions -inf (a
+    float mask is added)."""
+    wide = torch.promote_types(query.dtype, torch.float32)
+    scores = torch.matmul(query, key.transpose(-1, -2)).to(wide) * scale
+    if mask is None:
+        return scores
+    return scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
 
 
 def _matmul_attention(
@@ -121,12 +198,27 @@ def _matmul_attention(
     mask: torch.Tensor | None,
     scale: float,
 ) -> torch.Tensor:
-    scores = torch.matmul(query, key.transpose(-1, -2)).float() * scale
-    if mask is not None:
-        scores = (
-            scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-        )
-    return torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), value)
+    return torch.matmul(
+        torch.softmax(_scores(query, key, mask, scale), dim=-1).to(value.dtype), value
+    )
+
+
+def _merged_attention(query: torch.Tensor, parts: list[Part], scale: float) -> torch.Tensor:
+    """Attention of folded queries [1, Hkv, n, d] over the concatenation of `parts`, computed
+    part by part (the cascade / shared-prefix split of SGLang and FlashInfer): part i gives
+    its own softmax-weighted values o_i [1, Hkv, n, d] and the log-sum-exp l_i [1, Hkv, n, 1]
+    of its scores (float32 or wider: float64 models stay exact); the whole softmax puts mass
+    exp(l_i - logsumexp_j l_j) on part i, so the output is sum_i o_i exp(l_i - logsumexp_j
+    l_j), up to float rounding. Every part must leave each query some key (the own part
+    always holds the query's own token)."""
+    outs, sums = [], []
+    for key, value, mask in parts:
+        scores = _scores(query, key, mask, scale)
+        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+        outs.append(torch.matmul(torch.exp(scores - lse).to(value.dtype), value).to(lse.dtype))
+        sums.append(lse)
+    weights = torch.softmax(torch.stack(sums), dim=0)  # [parts, 1, Hkv, n, 1]
+    return (weights * torch.stack(outs)).sum(dim=0).to(parts[-1][1].dtype)
 
 
 def use_rapid_attention(model: PreTrainedModel) -> None:

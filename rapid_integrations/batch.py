@@ -31,11 +31,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from .attention import LAYOUT, NAME
 from .call_options import CallOptions
 from .config import Mode
 from .errors import RapidConfigError
-from .kv import BufferedLayer, Feed, Forwards, feed_packed
+from .kv import Feed, Forwards, feed_packed, new_cache, packing_refusal
 from .outputs import Delta, RapidOutput
 from .tokens import Prompt
 
@@ -199,7 +198,7 @@ def _resume(call: _Call, logits: torch.Tensor | Exception | None) -> Feed | Rapi
 def _packed(feeds: list[Feed]) -> list[torch.Tensor] | Exception:
     """`kv.feed_packed` over `feeds`, or its error (returned as `_resume` returns one)."""
     try:
-        return feed_packed(feeds, LAYOUT)
+        return feed_packed(feeds)
     except Exception as exc:
         return exc
 
@@ -218,19 +217,8 @@ def _by_model(feeds: dict[int, Feed]) -> Iterable[list[int]]:
 
 
 def _check_packable(model: PreTrainedModel, role: str) -> None:
-    """`RapidConfigError` unless a packed pass of `model` attends per segment: its attention
-    is the registered one (another kernel would ignore the layout and attend across
-    sequences) and every cache layer keeps all tokens in one buffer."""
-    from .kv import new_cache
-
-    if getattr(model.config, "_attn_implementation", None) != NAME:
-        raise RapidConfigError(
-            role,
-            f"batching needs the model on {NAME!r} attention (SDPA models are switched to it); "
-            f"this one uses {model.config._attn_implementation!r}",
-        )
-    layers = new_cache(model, 1, role).layers
-    if not all(type(layer) is BufferedLayer for layer in layers):
-        raise RapidConfigError(
-            role, "batching supports full-attention layers only (no sliding window yet)"
-        )
+    """`RapidConfigError` unless a packed pass of `model` attends per segment
+    (`kv.packing_refusal`)."""
+    reason = packing_refusal(model, new_cache(model, 1, role).layers)
+    if reason is not None:
+        raise RapidConfigError(role, reason)

@@ -6,7 +6,7 @@ import functools
 import inspect
 import itertools
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -19,8 +19,9 @@ from transformers.cache_utils import (
     DynamicSlidingWindowLayer,
 )
 
+from .attention import LAYOUT, NAME
 from .errors import RapidConfigError
-from .prefix_cache import KV, PrefixCache
+from .prefix_cache import KV, PrefixCache, storage_bytes
 
 _R = TypeVar("_R")
 
@@ -76,6 +77,44 @@ class BufferedLayer(DynamicLayer):
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove and self.is_initialized:
             self._set_length(self.length - abs(tokens_to_remove))
+
+    def parts(self) -> KV:
+        """The layer's KV as consecutive parts, (keys, values) [1, kv_heads, tokens, head_dim]
+        each: here one, the buffer's tokens (none before the first append)."""
+        return [(self.keys, self.values)] if self.length else []
+
+
+class SharedPrefixLayer(BufferedLayer):
+    """A full-attention layer whose first tokens are a shared prefix it reads but does not hold.
+
+    `prefix` (keys, values [1, kv_heads, P, head_dim]) is a stored prefix's KV (views of the
+    prefix cache's entry, `prefix_cache.py`), read in place by every sequence that reuses it
+    and never written; the buffer, `capacity - P` tokens, holds only this sequence's own
+    tokens after it (`keys` / `values` are those). Positions count from the prefix's start
+    (`get_seq_length` is P + own tokens). Attention reads the two parts through
+    `PackedCache.kv` and merges them (docs/algorithm.md section 14.1), so a sequence with a
+    shared prefix always runs packed passes (`KVState.feed`). A rollback crops own tokens only.
+    """
+
+    def __init__(self, capacity: int, prefix: tuple[torch.Tensor, torch.Tensor]) -> None:
+        super().__init__(capacity - prefix[0].shape[-2])
+        self.prefix = prefix
+
+    def get_seq_length(self) -> int:
+        return self.prefix[0].shape[-2] + self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        # Only tokens read after the prompt are ever rolled back; the prefix is the prompt's.
+        if abs(tokens_to_remove) > self.length:
+            raise RuntimeError(
+                f"rollback of {abs(tokens_to_remove)} tokens into a shared prefix "
+                f"({self.length} own tokens)"
+            )
+        super().crop(tokens_to_remove)
+
+    def parts(self) -> KV:
+        """The shared prefix, then the own tokens (if any): [1, kv_heads, tokens, head_dim]."""
+        return [self.prefix, *super().parts()]
 
 
 class BufferedSlidingLayer(BufferedLayer):
@@ -158,6 +197,21 @@ def check_cache_layout(model: PreTrainedModel, role: str) -> None:
     new_cache(model, 1, role)
 
 
+def packing_refusal(model: PreTrainedModel, layers: list[Any]) -> str | None:
+    """Why a packed pass (`feed_packed`), and so a shared prefix, cannot run on `model` with
+    cache `layers`; None when it can. Attention must be the registered one (another kernel
+    would ignore the layout and attend across sequences), and every layer a full-attention
+    `BufferedLayer` (a sliding window would need its mask per segment)."""
+    if getattr(model.config, "_attn_implementation", None) != NAME:
+        return (
+            f"batching needs the model on {NAME!r} attention (SDPA models are switched to it); "
+            f"this one uses {model.config._attn_implementation!r}"
+        )
+    if not all(type(layer) is BufferedLayer for layer in layers):
+        return "batching supports full-attention layers only (no sliding window yet)"
+    return None
+
+
 @dataclass
 class KVState:
     """A sequence being decoded by one model.
@@ -175,6 +229,7 @@ class KVState:
     forward_seconds: float = 0.0  # decode-phase model time (on CUDA: until the next sync)
 
     reused_tokens: int = 0
+    shared_tokens: int = 0  # of `reused_tokens`, those read in place from a shared prefix
 
     @classmethod
     def start(
@@ -204,7 +259,8 @@ class KVState:
         max_prefix_bytes: int = 0,
         draft: bool = False,
     ) -> Forwards[KVState]:
-        """Prefill all but the last prompt token, reusing a stored prefix when one matches.
+        """Prefill all but the last prompt token, reusing a stored prefix when one matches
+        (read in place where it can be shared, else copied: `_load`, section 14.1).
 
         The rest is read in chunks of `chunk` tokens, each a `Feed` (`draft`: its flag) that
         keeps one logit row, so the prompt's full-vocabulary logits are never materialized
@@ -216,28 +272,41 @@ class KVState:
         head = prompt[:-1]
         reuse = prefixes if max_prefix_bytes > 0 and state._plain_layers() else None
         if reuse is not None:
-            state.reused_tokens, kv = reuse.lookup(model, head)
-            state._load(kv)
+            state.reused_tokens, parts = reuse.lookup(model, head)
+            state._load(parts)
         for start in range(state.reused_tokens, len(head), chunk):
             yield Feed(state, ids[start : min(start + chunk, len(head))], draft, keep=1)
         state.forward_passes, state.forward_seconds = 0, 0.0  # counted: decode passes only
         state.pending = ids[-1:]
         if reuse is not None and head:
-            reuse.store(model, head, state._views(), max_prefix_bytes)
+            reuse.store(model, head, state._parts(), max_prefix_bytes)
         return state
 
     def _plain_layers(self) -> bool:
         # Every layer must hold every token's KV (buffered full or sliding layers) to be reused.
         return all(isinstance(layer, BufferedLayer) for layer in self.cache.layers)
 
-    def _load(self, kv: KV) -> None:
-        """Copy a stored prefix (per layer keys, values [1, kv_heads, tokens, head_dim]) in."""
-        for layer, (k, v) in zip(self._buffers(), kv, strict=bool(kv)):
-            layer.update(k, v)
+    def _load(self, parts: list[KV]) -> None:
+        """Read a stored prefix, consecutive parts of per layer (keys, values) [1, kv_heads,
+        tokens, head_dim]: its first part shared in place where packed passes can read it
+        (docs/algorithm.md section 14.1; `packing_refusal`), the rest copied into the buffers."""
+        if parts and packing_refusal(self.model, self.cache.layers) is None:
+            self.cache.layers = [
+                SharedPrefixLayer(layer.capacity, prefix)
+                for layer, prefix in zip(self._buffers(), parts[0], strict=True)
+            ]
+            self.shared_tokens = parts[0][0][0].shape[-2]
+            parts = parts[1:]
+        for part in parts:
+            for layer, (k, v) in zip(self._buffers(), part, strict=True):
+                layer.update(k, v)
 
-    def _views(self) -> KV:
-        """Per layer (keys, values) views [1, kv_heads, length, head_dim] of the buffers."""
-        return [(layer.keys, layer.values) for layer in self._buffers()]
+    def _parts(self) -> list[KV]:
+        """The sequence's KV as the prefix cache stores it: consecutive parts of per layer
+        (keys, values) views [1, kv_heads, tokens, head_dim], the shared prefix it read (views
+        of an earlier entry's buffer: stored again, never copied) then its own buffer's tokens."""
+        layers = [layer.parts() for layer in self._buffers()]
+        return [list(part) for part in zip(*layers, strict=True)]
 
     def _buffers(self) -> list[BufferedLayer]:
         # Called only where `_plain_layers` holds (prefix reuse checks it first).
@@ -245,7 +314,11 @@ class KVState:
 
     def feed(self, tokens: torch.Tensor | None = None, keep: int = 0) -> torch.Tensor:
         """Read `pending` then `tokens` ([k] int64 ids); return their logits [len, vocab]
-        (len = pending + k rows, or the last `keep` when keep > 0; in the model's dtype)."""
+        (len = pending + k rows, or the last `keep` when keep > 0; in the model's dtype).
+        A sequence on a shared prefix runs as a packed pass of one, whose attention reads the
+        prefix in place (section 14.1)."""
+        if self.shared_tokens:
+            return feed_packed([Feed(self, tokens, keep=keep)])[0]
         ids = self.take(tokens)
         start = time.perf_counter()
         out = self.model(
@@ -279,6 +352,14 @@ class KVState:
     def append(self, tokens: torch.Tensor) -> None:
         """Commit `tokens` ([k] int64 ids) as pending: they are read on the next `feed`."""
         self.pending = torch.cat([self.pending, tokens.to(self.pending.device)])
+
+
+def held_bytes(states: Iterable[KVState]) -> int:
+    """Bytes of the KV buffers `states` keep alive, each counted once however many of them
+    read it (a shared prefix: section 14.1)."""
+    return storage_bytes(
+        t for s in states for layer in s._buffers() for pair in layer.parts() for t in pair
+    )
 
 
 @functools.cache
@@ -335,8 +416,8 @@ class PackedCache:
     sequence i's whole KV with a causal mask over its new tokens. That is the layout of
     flash-attn's varlen kernel (`cu_seqlens_q` = the bounds, `cu_seqlens_k` = each
     sequence's KV length), which a GPU port would call instead of the loop over segments.
-    Full-attention layers only (`BufferedLayer`): a sliding window would need its mask per
-    segment.
+    Full-attention layers only (`BufferedLayer`, `SharedPrefixLayer`): a sliding window would
+    need its mask per segment.
     """
 
     def __init__(self, caches: list[DynamicCache], bounds: list[tuple[int, int]]) -> None:
@@ -359,17 +440,16 @@ class PackedCache:
             layer.update(key_states[..., start:end, :], value_states[..., start:end, :])
         return key_states, value_states
 
-    def kv(self, layer_idx: int, segment: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sequence `segment`'s keys and values at layer `layer_idx`, its new tokens included:
-        [1, kv_heads, kv_length_i, head_dim] each."""
-        layer = cast(BufferedLayer, self.caches[segment].layers[layer_idx])
-        return layer.keys, layer.values
+    def kv(self, layer_idx: int, segment: int) -> KV:
+        """Sequence `segment`'s keys and values at layer `layer_idx` as consecutive parts
+        (`BufferedLayer.parts`), [1, kv_heads, tokens, head_dim] each: a shared prefix where
+        it reads one, then its own tokens, the new ones included."""
+        return cast(BufferedLayer, self.caches[segment].layers[layer_idx]).parts()
 
 
-def feed_packed(feeds: list[Feed], layout_key: str) -> list[torch.Tensor]:
+def feed_packed(feeds: list[Feed]) -> list[torch.Tensor]:
     """Run `feeds`, all on one model, as one forward pass over a packed row (`PackedCache`);
-    returns each feed's logits [pending + k_i, vocab]. `layout_key`: the keyword the
-    registered attention reads the layout from (`attention.LAYOUT`)."""
+    returns each feed's logits [pending + k_i, vocab]."""
     states = [f.state for f in feeds]
     model = states[0].model
     ids = [s.take(f.tokens) for s, f in zip(states, feeds, strict=True)]
@@ -398,7 +478,7 @@ def feed_packed(feeds: list[Feed], layout_key: str) -> list[torch.Tensor]:
         # the attention masks each segment itself. This one is empty.
         attention_mask=torch.zeros(1, 1, 0, 0, dtype=torch.bool, device=positions.device),
         **_cache_arg(model, layout),
-        **{layout_key: layout},
+        **{LAYOUT: layout},
         logits_to_keep=rows if len(rows) < ends[-1] else 0,
     )
     seconds = time.perf_counter() - start

@@ -5,8 +5,12 @@ attention), so the stored KV of any earlier prompt is exact for the longest comm
 new one, as long as the weights are the same: entries are keyed by the model object and a
 fingerprint of its parameters and buffers (`weights_version`), so weights changed in place, a
 `load_state_dict` or a `.to(dtype / device)` never serve KV computed with the old ones.
-Entries hold views of the per-call buffers (no copy at store time); a call that reuses a prefix
-copies it into its own buffer, so entries are never written after they are stored.
+Entries hold views of the per-call buffers (no copy at store time), in consecutive parts. A call
+that reuses a prefix reads the first part in place, one copy for every call on the same document
+(`kv.SharedPrefixLayer`, docs/algorithm.md section 14.1), and copies the rest (or everything,
+where it cannot share) into its own buffer, so entries are never written after they are stored.
+Its own entry then holds the shared part again (a view, not a copy) and its own tokens: at most
+two parts. A buffer is counted once in the byte budget however many entries view it.
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ import itertools
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, heads, tokens, dim]
+Parts = list[KV]  # consecutive parts of one prefix's KV, in order
 
 
 Fingerprint = tuple[tuple[int, torch.dtype, torch.device, int], ...]
@@ -48,8 +53,7 @@ class _Entry:
     model: weakref.ref
     weights: Fingerprint
     tokens: np.ndarray  # int64 [n]
-    kv: KV
-    nbytes: int
+    parts: Parts  # covering exactly `tokens`
 
     def serves(self, model: torch.nn.Module, weights: Fingerprint) -> bool:
         return self.model() is model and self.weights == weights
@@ -61,12 +65,26 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def _nbytes(kv: KV) -> int:
-    # Count the whole buffers the views keep alive, not just the viewed tokens.
-    storages = {
-        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for pair in kv for t in pair
-    }
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the buffers `tensors` view, each counted whole (not just the viewed tokens) and
+    once, however many of them view it (a shared prefix's)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return sum(storages.values())
+
+
+def _nbytes(entries: Iterable[_Entry]) -> int:
+    return storage_bytes(t for e in entries for part in e.parts for pair in part for t in pair)
+
+
+def _first(parts: Parts, n: int) -> Parts:
+    """The first `n` tokens of consecutive `parts` (views)."""
+    kept = []
+    for part in parts:
+        if n <= 0:
+            break
+        kept.append([(k[..., :n, :], v[..., :n, :]) for k, v in part])
+        n -= part[0][0].shape[-2]
+    return kept
 
 
 class PrefixCache:
@@ -79,15 +97,16 @@ class PrefixCache:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the buffers the entries keep alive, each counted once."""
         with self._lock:
-            return sum(e.nbytes for e in self._entries.values())
+            return _nbytes(self._entries.values())
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, model: torch.nn.Module, tokens: Sequence[int]) -> tuple[int, KV]:
+    def lookup(self, model: torch.nn.Module, tokens: Sequence[int]) -> tuple[int, Parts]:
         """Longest stored prefix of `tokens` for `model` with its current weights: (length,
-        per-layer KV views of it)."""
+        views of its KV in consecutive parts)."""
         query = np.asarray(tokens, dtype=np.int64)
         weights = weights_version(model)
         with self._lock:
@@ -101,17 +120,20 @@ class PrefixCache:
             if best_key is None:
                 return 0, []
             self._entries.move_to_end(best_key)
-            kv = self._entries[best_key].kv
-        return best, [(k[..., :best, :], v[..., :best, :]) for k, v in kv]
+            parts = self._entries[best_key].parts
+        return best, _first(parts, best)
 
-    def store(self, model: torch.nn.Module, tokens: Sequence[int], kv: KV, max_bytes: int) -> None:
-        """Remember `kv` (views covering exactly `tokens`) and evict down to `max_bytes`.
+    def store(
+        self, model: torch.nn.Module, tokens: Sequence[int], parts: Parts, max_bytes: int
+    ) -> None:
+        """Remember `parts` (views covering exactly `tokens`, in order) and evict down to
+        `max_bytes`.
 
         Entries of a model whose weights have changed since are dropped: they can never serve.
         """
         new = np.asarray(tokens, dtype=np.int64)
         weights = weights_version(model)
-        entry = _Entry(weakref.ref(model), weights, new, kv, _nbytes(kv))
+        entry = _Entry(weakref.ref(model), weights, new, parts)
         with self._lock:
             for key, old in list(self._entries.items()):
                 if not old.serves(model, weights):
@@ -126,7 +148,7 @@ class PrefixCache:
                     del self._entries[key]  # the new entry covers the old one
             self._entries[self._next] = entry
             self._next += 1
-            while self._entries and sum(e.nbytes for e in self._entries.values()) > max_bytes:
+            while self._entries and _nbytes(self._entries.values()) > max_bytes:
                 self._entries.popitem(last=False)
 
     def clear(self) -> None:

@@ -38,6 +38,7 @@ class Mutant:
 ORACLE = "tests/test_verdict_oracle.py"
 DISTRIBUTION = "tests/test_engine_distribution.py"
 BATCH = "tests/test_batch.py"
+SHARED = "tests/test_shared_prefix.py"
 _SAMPLED_ROW = "dist = residual(p[n], ph[n], q[n], cfg.residual) if n < gamma else ph[gamma]"
 _ACCEPT = (
     "n = accepted_count(x, ph[:gamma].gather(1, idx)[:, 0], q[:gamma].gather(1, idx)[:, 0], u)"
@@ -264,9 +265,25 @@ MUTANTS: tuple[Mutant, ...] = (
         "varlen-attends-to-the-first",
         "packed attention reads the first sequence's KV for every segment",
         "rapid_integrations/attention.py",
-        "key, value = layout.kv(module.layer_idx, segment)",
-        "key, value = layout.kv(module.layer_idx, 0)",
+        "*shared, (key, value) = layout.kv(module.layer_idx, segment)",
+        "*shared, (key, value) = layout.kv(module.layer_idx, 0)",
         (BATCH,),
+    ),
+    Mutant(
+        "shared-prefix-merged-evenly",
+        "the shared-prefix split merges the prefix's and the own tokens' attention half and half",
+        "rapid_integrations/attention.py",
+        "weights = torch.softmax(torch.stack(sums), dim=0)",
+        "weights = torch.full_like(torch.stack(sums), 1 / len(sums))",
+        (SHARED,),
+    ),
+    Mutant(
+        "shared-prefix-mask-off-by-one",
+        "at the shared-prefix split the own tokens' causal mask is one token late: a draft sees the next",
+        "rapid_integrations/attention.py",
+        "own_mask = None if mask is None else mask[..., kv - key.shape[-2] :]",
+        "own_mask = None if mask is None else mask[..., kv - key.shape[-2] - 1 : -1]",
+        (SHARED,),
     ),
 )
 

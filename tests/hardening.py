@@ -45,11 +45,13 @@ def poison_logits(at_call: int, value: float) -> Callable[..., Any]:
 
 
 def fail_past(tokens: int, error: BaseException) -> Callable[..., Any]:
-    """A forward that raises `error` once the sequence would grow past `tokens` tokens."""
+    """A forward that raises `error` once the sequence would grow past `tokens` tokens (of a
+    packed pass, `kv.PackedCache`, as a call on a shared prefix runs alone: its sequence's)."""
 
     def around(forward: Forward, **kwargs: Any) -> Any:
         cache = kwargs.get("past_key_values", kwargs.get("cache"))
-        if cache.get_seq_length() + kwargs["input_ids"].shape[-1] > tokens:
+        held = max(c.get_seq_length() for c in getattr(cache, "caches", [cache]))
+        if held + kwargs["input_ids"].shape[-1] > tokens:
             raise error
         return forward(**kwargs)
 

@@ -64,11 +64,11 @@ def test_budget_bounds_memory_and_zero_disables(engine):
 def test_entries_covered_by_a_longer_prompt_are_dropped(target):
     store = PrefixCache()
     buf = torch.zeros(1, 1, 8, 2)
-    store.store(target, [1, 2, 3], [(buf[..., :3, :], buf[..., :3, :])], 1 << 20)
-    store.store(target, [1, 2, 3, 4, 5], [(buf[..., :5, :], buf[..., :5, :])], 1 << 20)
+    store.store(target, [1, 2, 3], [[(buf[..., :3, :], buf[..., :3, :])]], 1 << 20)
+    store.store(target, [1, 2, 3, 4, 5], [[(buf[..., :5, :], buf[..., :5, :])]], 1 << 20)
     assert len(store) == 1
-    n, kv = store.lookup(target, [1, 2, 3, 9])
-    assert n == 3 and kv[0][0].shape[-2] == 3
+    n, parts = store.lookup(target, [1, 2, 3, 9])
+    assert n == 3 and len(parts) == 1 and parts[0][0][0].shape[-2] == 3
     assert store.lookup(torch.nn.Linear(1, 1), [1, 2]) == (0, [])  # other models never share KV
 
 
