@@ -486,7 +486,7 @@ def _qa_engine(
         # bfloat16 activations, where torch's int4 CPU kernel is fast (models._warn_slow_int4);
         # the probe would time the dequantized model instead.
         dtype = torch.bfloat16
-        target.to(dtype)  # type: ignore[arg-type]  # python/typeshed#10653
+        target.to(dtype)
     elif not fixed:
         dtype, probe_seconds = choose_dtype(target, device)
     if draft is not None and not fixed:
