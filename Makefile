@@ -41,9 +41,10 @@ demo: setup
 # One pytest-xdist worker per core (at most 4: each loads the embedded models), a test file's
 # tests all on one worker so that its shared engines and servers are built once, the slowest
 # files first (tests/conftest.py, SLOWEST_FIRST); each worker keeps to one torch thread.
-# `make test TEST_WORKERS=0` runs in one process.
+# `make test TEST_WORKERS=0` runs in one process. The 25 slowest tests are listed at the end.
 TEST_WORKERS ?= auto
-PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile --no-loadscope-reorder
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile --no-loadscope-reorder \
+	--durations=25
 
 test: setup
 	$(PYTEST)
