@@ -50,6 +50,24 @@ def chat_content(reference: RapidEngine, out: RapidOutput) -> list[dict[str, Any
     ]
 
 
+ROUNDING = 1e-5
+
+
+def alike(got: Any, want: Any) -> bool:
+    """Equal, but for floats, which may differ by `ROUNDING`: the server's calls on a prompt
+    an earlier test sent read its KV in place (shared-prefix attention, docs/algorithm.md
+    section 14.1), and its passes may reduce in another order (thread counts), both of which
+    round otherwise than the reference's own call (about 1e-7): float32 rounding, not another
+    law."""
+    if isinstance(got, float) and isinstance(want, float):
+        return abs(got - want) <= ROUNDING
+    if isinstance(got, dict) and isinstance(want, dict):
+        return got.keys() == want.keys() and all(alike(got[k], want[k]) for k in got)
+    if isinstance(got, list) and isinstance(want, list):
+        return len(got) == len(want) and all(map(alike, got, want))
+    return got == want
+
+
 @pytest.mark.parametrize("sampling", [{}, SAMPLED], ids=["greedy", "seeded"])
 def test_chat_logprobs_whole_and_streamed(client, reference, sampling):
     asked = {"logprobs": True, "top_logprobs": 3, "max_tokens": 12, **sampling}
@@ -57,7 +75,7 @@ def test_chat_logprobs_whole_and_streamed(client, reference, sampling):
     want = chat_content(reference, out)
     whole = client.chat.completions.create(model=MODEL, messages=CHAT, **asked)
     got = [e.model_dump(exclude_none=True) for e in whole.choices[0].logprobs.content]
-    assert got == want and len(want) == len(out.token_ids)
+    assert alike(got, want) and len(want) == len(out.token_ids), (got, want)
     streamed = []
     for chunk in client.chat.completions.create(
         model=MODEL, messages=CHAT, stream=True, stream_options={"include_usage": True}, **asked
@@ -65,7 +83,7 @@ def test_chat_logprobs_whole_and_streamed(client, reference, sampling):
         for choice in chunk.choices:
             if choice.logprobs is not None:
                 streamed += [e.model_dump(exclude_none=True) for e in choice.logprobs.content]
-    assert streamed == want
+    assert alike(streamed, want), (streamed, want)
 
 
 def test_chat_without_logprobs_has_none(client):
@@ -87,9 +105,8 @@ def test_p_hat_logprob_is_an_extension_field_when_asked(client, reference):
         extra_body={"logprobs_p_hat": True, "eta": 2.0},
     )
     entries = whole.choices[0].logprobs.content
-    assert [e.model_extra["p_hat_logprob"] for e in entries] == [
-        e.p_hat_logprob for e in out.logprobs
-    ]
+    got = [e.model_extra["p_hat_logprob"] for e in entries]
+    assert alike(got, [e.p_hat_logprob for e in out.logprobs]), got
     assert [e.top_logprobs for e in entries] == [[]] * len(entries)  # top_logprobs 0
 
 
@@ -110,9 +127,7 @@ def test_completion_logprobs_whole_and_streamed(client, reference):
         "text_offset": [len("".join(text[:i])) for i in range(len(text))],
     }
     whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, logprobs=2)
-    # The server's and the test's forward passes may reduce in another order (thread counts):
-    # float32 rounding, not a different law.
-    assert whole.choices[0].logprobs.model_dump() == _close(want)
+    assert alike(whole.choices[0].logprobs.model_dump(), want)
     assert whole.choices[0].text == "".join(text) == out.text
     joined: dict[str, list[Any]] = {key: [] for key in want}
     for chunk in client.completions.create(
@@ -121,17 +136,7 @@ def test_completion_logprobs_whole_and_streamed(client, reference):
         if chunk.choices and chunk.choices[0].logprobs is not None:
             for key, values in chunk.choices[0].logprobs.model_dump().items():
                 joined[key] += values
-    assert joined == _close(want)
-
-
-def _close(want: dict[str, Any]) -> dict[str, Any]:
-    """`want` with its log-probabilities compared to float32 rounding (tokens exactly)."""
-    near = {"rel": 1e-5, "abs": 1e-6}
-    return {
-        **want,
-        "token_logprobs": pytest.approx(want["token_logprobs"], **near),
-        "top_logprobs": [pytest.approx(top, **near) for top in want["top_logprobs"]],
-    }
+    assert alike(joined, want), (joined, want)
 
 
 def test_out_of_range_top_logprobs_is_the_sdks_bad_request(client):
@@ -161,8 +166,8 @@ def test_chat_openai_fills_response_metadata_logprobs(server, reference):
     )
     out = reference.generate(CHAT, max_new_tokens=8, logprobs=True, top_logprobs=2)
     want = chat_content(reference, out)
-    assert llm.invoke(CHAT).response_metadata["logprobs"]["content"] == want
+    assert alike(llm.invoke(CHAT).response_metadata["logprobs"]["content"], want)
     total = None
     for chunk in llm.stream(CHAT):
         total = chunk if total is None else total + chunk
-    assert total.response_metadata["logprobs"]["content"] == want
+    assert alike(total.response_metadata["logprobs"]["content"], want)
