@@ -38,13 +38,11 @@ setup: $(STAMP)
 demo: setup
 	$(PY) -m rapid_integrations.demo
 
-# pytest-xdist workers: one more than the cores (at most 4: each loads the embedded models). With
-# one per core the CPUs were busy about 79% of the run: workers wait on subprocesses, servers and
-# Ray, and the extra worker fills that time. A test file's tests all run on one worker so that its
-# shared engines and servers are built once, the slowest files first (tests/conftest.py,
-# SLOWEST_FIRST); each worker keeps to one torch thread. `make test TEST_WORKERS=0` runs in one
-# process. The 25 slowest tests are listed at the end.
-TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) + 1)")
+# One pytest-xdist worker per core (at most 4: each loads the embedded models), a test file's
+# tests all on one worker so that its shared engines and servers are built once, the slowest
+# files first (tests/conftest.py, SLOWEST_FIRST); each worker keeps to one torch thread.
+# `make test TEST_WORKERS=0` runs in one process. The 25 slowest tests are listed at the end.
+TEST_WORKERS ?= auto
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile --no-loadscope-reorder \
 	--durations=25
 

@@ -94,8 +94,23 @@ def track_caches(monkeypatch: pytest.MonkeyPatch) -> CacheTracker:
 
 
 def settle_threads(baseline: int, timeout: float = 10.0) -> int:
-    """`threading.active_count()` once it is back to `baseline` or `timeout` has passed."""
+    """`threading.active_count()` once it is back to `baseline` or `timeout` has passed.
+    Garbage is collected meanwhile: an engine's shared batcher (rapid_integrations/batcher.py)
+    and its worker thread go once no call holds them, which may take a collection."""
     deadline = time.monotonic() + timeout
     while threading.active_count() > baseline and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    return threading.active_count()
+
+
+def idle_threads(timeout: float = 10.0) -> int:
+    """The thread count once no batcher's worker thread ("rapid-batch") is left: the baseline
+    a test compares with after its calls, whose batcher has gone too by then."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(
+        t.name.startswith("rapid-batch") for t in threading.enumerate()
+    ):
+        gc.collect()
         time.sleep(0.01)
     return threading.active_count()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -25,7 +24,7 @@ from langchain_rapid import ChatRapid
 from langchain_rapid import RapidLLM as LangChainLLM
 from llamaindex_rapid import RapidLLM as LlamaIndexLLM
 from rapid_integrations import RapidConfig, RapidEngine, RapidError
-from tests.hardening import patched_forward, settle_threads, slow_down, track_caches
+from tests.hardening import idle_threads, patched_forward, settle_threads, slow_down, track_caches
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
 
@@ -190,7 +189,7 @@ async def test_async_streams_abandoned_halfway_free_threads_and_caches(
     engine's generator, without waiting for the event loop to close."""
     # Any thread the loop or LangChain keep for themselves is up before the count.
     await ChatRapid(engine=slow_engine, max_tokens=1).ainvoke("abc")
-    baseline = threading.active_count()
+    baseline = idle_threads()
     caches = track_caches(monkeypatch)
     for _ in range(3):
         reader = asyncio.create_task(read_three(opener(slow_engine), how))
@@ -210,7 +209,7 @@ async def test_timed_out_async_calls_stop_decoding(
     """`asyncio.wait_for` around `acomplete` / `ainvoke` (an agent's timeout) stops the
     generation as well, instead of decoding on in a thread nobody waits for."""
     await ChatRapid(engine=slow_engine, max_tokens=1).ainvoke("abc")
-    baseline = threading.active_count()
+    baseline = idle_threads()
     caches = track_caches(monkeypatch)
     for slow in (index_acomplete(slow_engine, DOC), chat_ainvoke(slow_engine, DOC)):
         with pytest.raises(TimeoutError):
