@@ -10,7 +10,6 @@ pools, the prefix cache and the retriever's index caches fill up first) and at t
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -20,7 +19,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rapid_integrations import RapidConfig, RapidEngine, RapidInputError
-from tests.hardening import settle_threads, track_caches
+from tests.hardening import idle_threads, settle_threads, track_caches
 from tests.retrieval_fixtures import HashingEmbedder
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
@@ -88,7 +87,7 @@ def test_300_calls_keep_memory_threads_and_caches_flat(
     )
     engine = RapidEngine(target, draft, tokenizer=tok, config=cfg)
     caches = track_caches(monkeypatch)
-    threads = threading.active_count()
+    threads = idle_threads()  # no other engine's batcher thread left to end during the calls
     first = [call(engine, i) for i in range(WARM_UP)]
     start = resident_bytes()
     results = [call(engine, i) for i in range(WARM_UP, CALLS)]
