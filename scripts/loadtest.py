@@ -23,18 +23,18 @@ Setups (`--setups`), all on the same target model, greedy, RAPID defaults:
              (rag only)
 
 Each client sends `--requests` requests one after another, streaming. TTFT is from sending a
-request to its first text; ITL is the time between two text arrivals of a request (a RAPID
-delta carries every token one verify pass committed, so this is the stall a streaming client
+request to its first text; ITL is the time between two bursts of a request's text (a RAPID
+burst carries every token one verify pass committed, so this is the stall a streaming client
 sees, as vLLM's benchmark measures it under speculation; hf-batch streams one token at a
 time); TPOT is a request's (last arrival - first arrival) / (tokens - 1). Output tokens are
 the engines' own counts. The lead's full runs (on a quiet machine):
 
     python scripts/loadtest.py --workload decode --out loadtest-decode.json
-    python scripts/loadtest.py --workload rag --setups threads,batched,hf-batch \
-        --out loadtest-rag.json
+    python scripts/loadtest.py --setups threads,batched,hf-batch --out loadtest-rag.json
 
-A smoke run: python scripts/loadtest.py --workload decode --clients 1,2 --requests 1 \
-    --max-tokens 8 --context 512
+A smoke run (seconds):
+
+    python scripts/loadtest.py --workload decode --clients 1,2 --context 512 --max-tokens 8
 """
 
 from __future__ import annotations
