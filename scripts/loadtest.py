@@ -687,7 +687,7 @@ def settings(args: argparse.Namespace, load: Load, client_counts: list[int]) -> 
     ).stdout.strip()
     dirty = bool(
         subprocess.run(
-            [*git, "status", "--porcelain"], capture_output=True, text=True
+            [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
         ).stdout.strip()
     )
     return {
@@ -782,6 +782,7 @@ def main(argv: list[str] | None = None) -> int:
             "figures": [asdict(r) for r in rows],
         }
         report["settings"]["load_average_at_start"] = start["load_average_at_start"]
+        report["settings"]["load_average_at_end"] = os.getloadavg()  # others ran meanwhile?
         args.out.write_text(json.dumps(report, indent=2))
     return 0
 
