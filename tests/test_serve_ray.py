@@ -33,19 +33,19 @@ DOCUMENT = " ".join(["a jade cab faded by the lake."] * 8)
 
 @pytest.fixture(scope="module")
 def ray_url(served_model_dir: Path) -> Iterator[str]:
-    from ray import serve
-
     root = str(Path(rapid_integrations.__file__).resolve().parents[1])  # the code under test
     env = {"PYTHONPATH": root, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     with pytest.MonkeyPatch.context() as patch:
-        # Set before Ray starts, so its controller inherits them: Ray Serve kills a proxy that
-        # has not answered its ready check in 5 s or three 10 s health checks, and on two cores
-        # shared with other test workers one took longer (ActorDiedError, "killed by ray.kill").
+        # Set before Ray starts, so that every Ray process inherits them: a `runtime_env`
+        # would make Ray start fresh worker processes for the replicas instead of the ones it
+        # started with itself. Ray Serve kills a proxy that has not answered its ready check in
+        # 5 s or three 10 s health checks, and on two cores shared with other test workers one
+        # took longer (ActorDiedError, "killed by ray.kill").
         for check in ("READY_CHECK", "HEALTH_CHECK"):
-            patch.setenv(f"RAY_SERVE_PROXY_{check}_TIMEOUT_S", "120")
-        ray.init(
-            num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env}
-        )
+            env[f"RAY_SERVE_PROXY_{check}_TIMEOUT_S"] = "120"
+        for name, value in env.items():
+            patch.setenv(name, value)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -55,8 +55,9 @@ def ray_url(served_model_dir: Path) -> Iterator[str]:
         )
         ray_app.start(settings, host="127.0.0.1", port=port, replicas=2, cpus=0.5)
         yield f"http://127.0.0.1:{port}"
-        serve.shutdown()
     finally:
+        # Stopping the local Ray instance ends Serve's actors with it; `serve.shutdown()`
+        # first would wait for each to stop gracefully (4 s).
         ray.shutdown()
         os.environ.pop("RAY_ADDRESS", None)
 
