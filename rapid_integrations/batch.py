@@ -65,16 +65,18 @@ class BatchRunner:
     Both models must run `attention.rapid_attention` (SDPA models do, `use_rapid_attention`)
     with full-attention layers only.
 
-    Speculation adapts to load (docs/algorithm.md section 14.2): every step is timed into
-    `costs` (`schedule.BatchCosts`; give one to start from known costs), and before each draft
-    phase the runner caps every call's gamma at the cap `costs` picks from them: `cap` is the
-    latest (None: none), `caps` counts the verify steps each cap preceded.
+    With `costs` (a `schedule.BatchCosts`), speculation adapts to load (docs/algorithm.md
+    section 14.2): every step is timed into it, and before each draft phase the runner caps
+    every call's gamma at the cap it picks: `cap` is the latest (None: none), `caps` counts
+    the verify steps each cap preceded. Without, each call drafts as its schedule asks, and
+    its output is its `generate` output, sampled ones included (a cap keeps the law, not the
+    draws).
     """
 
     def __init__(self, engine: RapidEngine, costs: BatchCosts | None = None) -> None:
         for role, model in (("target", engine.target), ("draft", engine.draft)):
             _check_packable(model, role)
-        self.costs = costs or BatchCosts()
+        self.costs = costs
         self.cap: int | None = None
         self.caps: Counter[int | None] = Counter()
         self._engine = engine
@@ -126,8 +128,8 @@ class BatchRunner:
         if not stepped:
             return 0
         tokens = sum(_width(f) for f in stepped.values())  # before the passes take them
-        if not drafting:
-            self._cap_drafts()
+        if self.costs and not drafting:
+            self._cap_drafts(self.costs)
         for group in _by_model(stepped):
             logits = _packed([waiting[i] for i in group])
             # A failed pass: its error is thrown into each call it read.
@@ -136,7 +138,8 @@ class BatchRunner:
             )
             for i, rows in zip(group, sent, strict=True):
                 self._advance(i, rows)
-        self.costs.record(bool(drafting), tokens, time.perf_counter() - start)
+        if self.costs:
+            self.costs.record(bool(drafting), tokens, time.perf_counter() - start)
         return tokens
 
     def cancel(self, call_id: int) -> None:
@@ -161,12 +164,12 @@ class BatchRunner:
             self._deltas.pop(call_id, None)
         return taken
 
-    def _cap_drafts(self) -> None:
+    def _cap_drafts(self, costs: BatchCosts) -> None:
         """Cap every call's next draft phase at the cap `costs` picks from each call's gamma
         and acceptance curve (docs/algorithm.md section 14.2)."""
         seats = [c.seat for c in self._calls.values()]
         wants = [(s.schedule.gamma, s.schedule.costs) if s.schedule else (0, None) for s in seats]
-        self.cap = self.costs.cap(wants)
+        self.cap = costs.cap(wants)
         self.caps[self.cap] += 1
         for seat in seats:
             seat.cap = self.cap

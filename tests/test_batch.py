@@ -20,7 +20,6 @@ from rapid_integrations import (
     RapidEngine,
     generate_batch,
 )
-from rapid_integrations.schedule import BatchCosts
 from tests.tiny import char_tokenizer, json_tokenizer, tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
@@ -71,37 +70,9 @@ def submit(runner: BatchRunner, call: tuple) -> int:
     return runner.submit(prompt, draft_prompt, **options)
 
 
-class FixedLine:
-    """A known pass cost, a + b T seconds, that measurements do not move (for
-    `schedule.BatchCosts`, docs/algorithm.md section 14.2)."""
-
-    def __init__(self, offset: float, slope: float) -> None:
-        self.offset, self.slope = offset, slope
-
-    @property
-    def measured(self) -> bool:
-        return True
-
-    def record(self, tokens: int, seconds: float) -> None:
-        pass
-
-    def seconds(self, tokens: float) -> float:
-        return self.offset + self.slope * tokens
-
-
-def known(verify: tuple[float, float], draft: tuple[float, float] = (0.0, 0.0)) -> BatchCosts:
-    """Costs of known lines (offset, slope) for the verify and the draft passes."""
-    return BatchCosts(FixedLine(*verify), FixedLine(*draft))
-
-
-MEMORY_BOUND = (1.0, 0.0)  # a verify pass costs the same whatever it reads: no cap binds
-
-
-def run_mix(
-    engine: RapidEngine, calls: list[tuple], joins: list[int], costs: BatchCosts | None = None
-) -> list[list[int]]:
+def run_mix(engine: RapidEngine, calls: list[tuple], joins: list[int]) -> list[list[int]]:
     """Decode `calls` together, call i joining after `joins[i]` steps of the batch."""
-    runner = BatchRunner(engine, costs)
+    runner = BatchRunner(engine)
     ids: dict[int, int] = {}
     step = 0
     while len(ids) < len(calls) or runner.running:
@@ -207,9 +178,7 @@ def test_streamed_deltas_and_log_probabilities_are_each_calls_own(engines):
 
 def test_grammars_and_penalties_in_some_calls():
     """Calls under a grammar (section 10) or a repetition penalty (section 9) beside plain
-    ones: each equals its own unbatched output. No cap on gamma (section 14.2): under a
-    grammar at eta > 0 the bonus row follows p (2.7), so a capped pass, which ends elsewhere,
-    may emit another token, as another gamma may."""
+    ones: each equals its own unbatched output."""
     tok = json_tokenizer()
     target = tiny_llama(len(tok), seed=5, dtype=torch.float32, scale=0.5)
     draft = tiny_llama(len(tok), seed=6, layers=1, dtype=torch.float32, scale=0.5)
@@ -222,7 +191,7 @@ def test_grammars_and_penalties_in_some_calls():
         ("k 1 2 3", "k", {"repetition_penalty": 1.3, "gamma": 4, "eta": 0.0}),
     ]
     want = [alone(engine, call) for call in calls]
-    assert run_mix(engine, calls, [0, 0, 1, 2], known(MEMORY_BOUND)) == want
+    assert run_mix(engine, calls, [0, 0, 1, 2]) == want
 
 
 class _FailsAfter:

@@ -11,14 +11,37 @@ import pytest
 from rapid_integrations import BatchRunner, RapidEngine
 from rapid_integrations.schedule import BatchCosts, PassCosts, PassLine
 from tests import test_batch
-from tests.test_batch import CALLS, MEMORY_BOUND, alone, known, submit
+from tests.test_batch import CALLS, alone, submit
 
 pair, engines = test_batch.pair, test_batch.engines  # the tiny models' fixtures
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
 
 
+class FixedLine:
+    """A known pass cost, a + b T seconds, that measurements do not move."""
+
+    def __init__(self, offset: float, slope: float) -> None:
+        self.offset, self.slope = offset, slope
+
+    @property
+    def measured(self) -> bool:
+        return True
+
+    def record(self, tokens: int, seconds: float) -> None:
+        pass
+
+    def seconds(self, tokens: float) -> float:
+        return self.offset + self.slope * tokens
+
+
+def known(verify: tuple[float, float], draft: tuple[float, float] = (0.0, 0.0)) -> BatchCosts:
+    """Costs of known lines (offset, slope) for the verify and the draft passes."""
+    return BatchCosts(FixedLine(*verify), FixedLine(*draft))
+
+
 COMPUTE_BOUND = (0.0, 1.0)  # every token a verify pass reads costs the same
+MEMORY_BOUND = (1.0, 0.0)  # a verify pass costs the same whatever it reads
 
 # eta 0 and eta 5 (greedy argmax p_hat), lookup on and off, gammas 1 to 9; each prompt
 # prefilled in one pass, so that after it a verify pass reads only pending tokens and drafts.
@@ -92,10 +115,24 @@ def test_measured_costs_cap_and_the_outputs_stay_each_calls_own(engines):
     """With the runner's own measured lines (no known costs), whatever cap they pick, every
     eta = 0 and eta = 5 greedy output is the call's own; both lines rest on passes."""
     engine = engines["self"]
-    runner = BatchRunner(engine)
+    runner = BatchRunner(engine, BatchCosts())
     got, _ = run_traced(engine, runner, MIX)
     assert got == [alone(engine, call) for call in MIX]
+    assert runner.costs is not None
     assert runner.costs.verify.measured and runner.costs.draft.measured
+    assert sum(runner.caps.values()) > 5  # a cap was picked before every verify pass
+
+
+def test_without_costs_a_runner_never_caps(engines):
+    """A runner given no costs drafts as each call asks, as before section 14.2: sampled
+    calls keep their very draws (a cap would keep their law only)."""
+    engine = engines["separate"]
+    runner = BatchRunner(engine)
+    calls = [(p, d, {**o, "temperature": 1.0, "seed": 3}) for p, d, o in MIX]
+    got, passes = run_traced(engine, runner, calls)
+    assert got == [alone(engine, call) for call in calls]
+    assert not runner.caps and runner.cap is None
+    assert max(width for _, _, width in passes[1:]) > len(MIX) * 2  # drafts were read
 
 
 @pytest.mark.parametrize(
