@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from rapid_integrations import BatchRunner, RapidEngine
-from rapid_integrations.schedule import BatchCosts, PassCosts, PassLine
+from rapid_integrations import BatchRunner, RapidConfig, RapidEngine
+from rapid_integrations.schedule import BatchCosts, GammaSchedule, PassCosts, PassLine
 from tests import test_batch
 from tests.test_batch import CALLS, alone, submit
 
@@ -152,6 +152,44 @@ def test_the_cap_has_the_most_expected_tokens_per_second(verify, draft, cap):
     2/12, 3/14, 3.5/16, no cap; and with d = 1, (10, 1) gives 3/15 against 3.5/18, cap 1."""
     calls = [(2, PassCosts(8)), (2, PassCosts(8))]
     assert known(verify, draft).cap(calls) == cap
+
+
+def test_the_draft_phase_lasts_as_long_as_its_longest_proposal():
+    """Gammas 2 and 1, d = 1 s per draft pass, verify 10 + T: by hand, cap 0 gives 2/12, cap
+    1 gives 3/(1 + 14) = 0.2, gamma as asked 3.25/(2 + 15) = 0.191 (two draft passes, the
+    second for one call), so the cap is 1."""
+    calls = [(2, PassCosts(8)), (1, PassCosts(8))]
+    assert known((10.0, 1.0), (1.0, 0.0)).cap(calls) == 1
+
+
+def test_a_newcomer_drafts_under_the_batchs_cap(engines):
+    """A call that joins a batch capped at 0 starts capped: its first verify pass (a prompt
+    of one token: no prefill, it drafts at once) reads its pending token only."""
+    engine = engines["separate"]
+    runner = BatchRunner(engine, known(COMPUTE_BOUND))
+    for call in MIX[:2]:
+        submit(runner, call)
+    while runner.cap != 0:
+        runner.step()
+    widths: list[int] = []
+    hook = engine.target.register_forward_hook(
+        lambda _m, _a, kw, _o: widths.append(kw["input_ids"].shape[-1]), with_kwargs=True
+    )
+    try:
+        runner.submit("k", "k", gamma=9, lookup_ngram=0)
+        while not widths:
+            runner.step()
+    finally:
+        hook.remove()
+    assert widths == [3]  # one pending token per call, no drafts
+
+
+def test_an_untimed_schedule_learns_its_acceptance_curve():
+    """A fixed gamma times nothing, but its curve learns every verdict: the cap reads it."""
+    schedule = GammaSchedule(RapidConfig(gamma=4))
+    before = schedule.costs.expected_tokens(4)
+    schedule.update(4, 4, 4)
+    assert schedule.costs.expected_tokens(4) > before
 
 
 def test_no_cap_without_measurements_or_alone():
