@@ -4,7 +4,9 @@ for on each pass, and, for a measured schedule, the cost model it is chosen by.
 `GammaSchedule` is the rule (fixed, transformers' heuristic, or measured, and the payoff
 stop of `speculate_min_context="auto"`); `PassCosts` is what a call's own passes measured
 (seconds and the acceptance curve). `ScheduleMemory` (schedule_memory.py) carries a measured
-schedule from one call to the next.
+schedule from one call to the next. In a batch, `BatchCosts` caps every call's gamma from what
+the batch's packed passes measured (docs/algorithm.md section 14.2), through each call's
+`BatchSeat`.
 """
 
 from __future__ import annotations
