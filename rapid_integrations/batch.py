@@ -24,7 +24,9 @@ alone (with eta = 0 greedy, token for token: tests/test_batch.py), whatever else
 from __future__ import annotations
 
 import itertools
+import time
 import traceback
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -36,6 +38,7 @@ from .config import Mode
 from .errors import RapidConfigError
 from .kv import Feed, Forwards, feed_packed, new_cache, packing_refusal
 from .outputs import Delta, RapidOutput
+from .schedule import BatchCosts, BatchSeat
 from .tokens import Prompt
 
 if TYPE_CHECKING:
@@ -46,9 +49,11 @@ if TYPE_CHECKING:
 
 @dataclass
 class _Call:
-    """A running call: its loop and the pass it waits for."""
+    """A running call: its loop, the pass it waits for and its place in the batch (its
+    schedule, and the cap on its gamma)."""
 
     steps: Forwards[RapidOutput]
+    seat: BatchSeat
     feed: Feed | None = None
 
 
@@ -59,11 +64,21 @@ class BatchRunner:
     empty, read `outputs[id]` (or `errors[id]`); `take_deltas(id)` streams a call's deltas.
     Both models must run `attention.rapid_attention` (SDPA models do, `use_rapid_attention`)
     with full-attention layers only.
+
+    With `costs` (a `schedule.BatchCosts`), speculation adapts to load (docs/algorithm.md
+    section 14.2): every step is timed into it, and before each draft phase the runner caps
+    every call's gamma at the cap it picks: `cap` is the latest (None: none), `caps` counts
+    the verify steps each cap preceded. Without, each call drafts as its schedule asks, and
+    its output is its `generate` output, sampled ones included (a cap keeps the law, not the
+    draws).
     """
 
-    def __init__(self, engine: RapidEngine) -> None:
+    def __init__(self, engine: RapidEngine, costs: BatchCosts | None = None) -> None:
         for role, model in (("target", engine.target), ("draft", engine.draft)):
             _check_packable(model, role)
+        self.costs = costs
+        self.cap: int | None = None
+        self.caps: Counter[int | None] = Counter()
         self._engine = engine
         self._calls: dict[int, _Call] = {}
         self._deltas: dict[int, list[Delta]] = {}  # committed, not yet taken
@@ -92,8 +107,9 @@ class BatchRunner:
         call_id = next(self._ids)
         deltas: list[Delta] = []
         resolved = _call_options(options, draft_prompt, mode, overrides)
-        steps = self._engine._decoding(prompt, resolved, deltas.append)
-        self._calls[call_id], self._deltas[call_id] = _Call(steps), deltas
+        seat = BatchSeat(cap=self.cap)  # a newcomer's first draft phase is capped too
+        steps = self._engine._decoding(prompt, resolved, deltas.append, seat)
+        self._calls[call_id], self._deltas[call_id] = _Call(steps, seat), deltas
         self._advance(call_id, None)
         return call_id
 
@@ -101,11 +117,19 @@ class BatchRunner:
     def step(self) -> int:
         """One packed forward pass per model: every drafting call's draft pass, or, once no
         call drafts, every call's verify pass; each call then runs on to its next pass.
-        Returns the tokens the step's passes read (prefill chunks, pending tokens, drafts)."""
+        Returns the tokens the step's passes read (prefill chunks, pending tokens, drafts).
+        Before a verify pass, whose logits start the calls' next draft phases, the cap on
+        their gamma is set (docs/algorithm.md section 14.2); the step's seconds, settle phases
+        included (where the device is waited for), go to `costs`."""
+        start = time.perf_counter()
         waiting = {i: c.feed for i, c in self._calls.items() if c.feed is not None}
         drafting = {i: f for i, f in waiting.items() if f.draft}
         stepped = drafting or waiting
+        if not stepped:
+            return 0
         tokens = sum(_width(f) for f in stepped.values())  # before the passes take them
+        if self.costs and not drafting:
+            self._cap_drafts(self.costs)
         for group in _by_model(stepped):
             logits = _packed([waiting[i] for i in group])
             # A failed pass: its error is thrown into each call it read.
@@ -114,6 +138,8 @@ class BatchRunner:
             )
             for i, rows in zip(group, sent, strict=True):
                 self._advance(i, rows)
+        if self.costs:
+            self.costs.record(bool(drafting), tokens, time.perf_counter() - start)
         return tokens
 
     def cancel(self, call_id: int) -> None:
@@ -137,6 +163,16 @@ class BatchRunner:
         if call_id not in self._calls:
             self._deltas.pop(call_id, None)
         return taken
+
+    def _cap_drafts(self, costs: BatchCosts) -> None:
+        """Cap every call's next draft phase at the cap `costs` picks from each call's gamma
+        and acceptance curve (docs/algorithm.md section 14.2)."""
+        seats = [c.seat for c in self._calls.values()]
+        wants = [(s.schedule.gamma, s.schedule.costs) if s.schedule else (0, None) for s in seats]
+        self.cap = costs.cap(wants)
+        self.caps[self.cap] += 1
+        for seat in seats:
+            seat.cap = self.cap
 
     @torch.inference_mode()
     def _advance(self, call_id: int, logits: torch.Tensor | Exception | None) -> None:

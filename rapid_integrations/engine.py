@@ -17,7 +17,7 @@ import random
 import time
 import traceback
 from collections.abc import Callable, Generator, Hashable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
@@ -50,7 +50,7 @@ from .models import (
 )
 from .outputs import Delta, FinishReason, RapidOutput, RapidStats, RapidStream
 from .prefix_cache import PrefixCache
-from .schedule import GammaSchedule
+from .schedule import BatchSeat, GammaSchedule
 from .schedule_memory import ScheduleMemory, schedule_key
 from .sections import Gate, Sections, is_empty
 from .threads import configure_torch_threads
@@ -83,6 +83,7 @@ class Loop:
     scores each pass's committed tokens (section 12; None: no log probabilities). `force()`,
     asked before each pass, gives tokens to commit that no model chose (the end marker of a
     spent thinking budget, section 13; [] for none): they are committed as a step of their own.
+    `seat` is the call's place in a batch, whose cap bounds gamma (section 14.2; alone, none).
     """
 
     target: KVState
@@ -96,6 +97,7 @@ class Loop:
     constraints: Constraints | None = None
     scorer: LogprobScorer | None = None
     force: Callable[[], list[int]] | None = None
+    seat: BatchSeat = field(default_factory=BatchSeat)
 
 
 @dataclass(frozen=True)
@@ -136,12 +138,14 @@ def _draft(loop: Loop) -> Forwards[_Proposal]:
     for and the budget leaves room for; none, with the draft's q at the one position decided,
     when there is no room (2.7)."""
     start = time.perf_counter()
-    proposer, schedule = loop.proposer, loop.schedule
+    proposer, schedule, cap = loop.proposer, loop.schedule, loop.seat.cap
     left = loop.budget() - 1 if proposer and schedule.drafting else 0
-    asked = min(schedule.gamma, left)
+    asked = min(schedule.gamma, left, left if cap is None else cap)
     forwards = proposer.state.forward_passes if proposer else 0
     x, q = loop.target.pending[:0], None  # a plain step: q too, unless drafting stopped (2.7)
-    if proposer and left > 0:
+    # A batch's cap of 0 (section 14.2) leaves a pass without drafts, as one without room: the
+    # draft gives only its q. A stopped call's proposal is empty, without q.
+    if proposer and left > 0 and (asked or schedule.stopped):
         x, q = yield from proposer.propose(asked, left)
     elif proposer and not schedule.stopped:
         q = yield from proposer.q_here()
@@ -452,22 +456,33 @@ class RapidEngine:
             return cast(RapidOutput, done.value)
 
     def _decoding(
-        self, prompt: Prompt, options: CallOptions, emit: Callable[[Delta], None]
+        self,
+        prompt: Prompt,
+        options: CallOptions,
+        emit: Callable[[Delta], None],
+        seat: BatchSeat,
     ) -> Forwards[RapidOutput]:
         """A call's loop for a batch (`batch.BatchRunner`): planned now, so that bad input
-        raises here; `emit` gets each delta as its pass commits it. A packed pass's error is
-        thrown into the loop, so that running out of memory raises as it does alone."""
+        raises here; `emit` gets each delta as its pass commits it; `seat` is its place in the
+        batch (docs/algorithm.md section 14.2). A packed pass's error is thrown into the loop,
+        so that running out of memory raises as it does alone."""
         start = time.perf_counter()
         plan, stats = self._plan(prompt, options)
-        return self._free_on_out_of_memory(self._decode(plan, stats, start, emit), plan)
+        return self._free_on_out_of_memory(self._decode(plan, stats, start, emit, seat), plan)
 
     @torch.inference_mode()
     def _decode(
-        self, plan: _Plan, stats: RapidStats, start: float, emit: Callable[[Delta], None]
+        self,
+        plan: _Plan,
+        stats: RapidStats,
+        start: float,
+        emit: Callable[[Delta], None],
+        seat: BatchSeat | None = None,
     ) -> Forwards[RapidOutput]:
         """One call's loop: prefill, then passes (`speculate`) until it finishes; every
         forward pass after the prefill is yielded as a `Feed` to whoever drives it (`_run`
-        alone, `batch.BatchRunner` packed), and each committed step goes to `emit`."""
+        alone, `batch.BatchRunner` packed, which passes the call's `seat`), and each committed
+        step goes to `emit`."""
         cfg = plan.cfg
         assert stats.seed is not None  # `_plan` always draws one
         # Sampling and the verdict run where the deciding model's logits come out.
@@ -486,6 +501,8 @@ class RapidEngine:
         guarded = cfg.end_guard and eos and cfg.eta > 0
         end_ids = torch.tensor(sorted(eos), device=gen.device) if guarded else None
         key, schedule, fresh = self._schedule(plan, stats)
+        seat = seat or BatchSeat()
+        seat.schedule = schedule if proposer else None
         scorer = LogprobScorer(cfg, self._vocabulary_bytes()) if cfg.logprobs else None
         loop = Loop(
             target,
@@ -499,6 +516,7 @@ class RapidEngine:
             shaping,
             scorer,
             lambda: sections.forced(limit - len(sections.ids)),
+            seat,
         )
         finish: FinishReason | None = None
         while finish is None:
