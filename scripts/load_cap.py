@@ -17,6 +17,7 @@ import argparse
 import time
 
 from rapid_integrations import BatchRunner, RapidEngine
+from rapid_integrations.config import Mode
 from rapid_integrations.demo_data import demo_document
 from rapid_integrations.schedule import BatchCosts
 
@@ -32,7 +33,7 @@ QUESTIONS = [
 ]
 
 
-def decode(engine: RapidEngine, prompts: list, costs: BatchCosts | None, mode: str) -> BatchRunner:
+def decode(engine: RapidEngine, prompts: list, costs: BatchCosts | None, mode: Mode) -> BatchRunner:
     """One batch of `prompts` (prefills included), timed: prints its output tokens per second."""
     runner = BatchRunner(engine, costs)
     ids = [runner.submit(p, mode=mode) for p in prompts]
@@ -59,7 +60,8 @@ def main() -> None:
     ]
     decode(engine, prompts, None, "sd")
     print(" (warm-up)")
-    for mode in ("sd", "lc"):
+    modes: tuple[Mode, ...] = ("sd", "lc")
+    for mode in modes:
         decode(engine, prompts, None, mode)
         print()
     costs = BatchCosts()

@@ -56,7 +56,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -202,7 +205,7 @@ def documents(model: str | None, context: int, count: int) -> list[str]:
     slices = []
     for i in range(count):
         start = (i * size) % max(1, len(ids) - size)
-        slices.append(tok.decode(ids[start : start + size]))
+        slices.append(cast(str, tok.decode(ids[start : start + size])))
     return slices
 
 
@@ -498,12 +501,16 @@ def warm_up(url: str, load: Load) -> None:
 
     api = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=600)
     if load.workload == "decode":
-        messages = [{"role": "user", "content": DOCUMENT_WARM_UP}]
+        messages = cast(
+            "list[ChatCompletionMessageParam]", [{"role": "user", "content": DOCUMENT_WARM_UP}]
+        )
         api.chat.completions.create(
             model=MODEL_ID, messages=messages, max_tokens=4, extra_body={"collection": COLLECTION}
         )
     else:
-        api.chat.completions.create(model=MODEL_ID, messages=WARM_UP, max_tokens=4)
+        api.chat.completions.create(
+            model=MODEL_ID, messages=cast("list[ChatCompletionMessageParam]", WARM_UP), max_tokens=4
+        )
 
 
 async def http_clients(
@@ -525,7 +532,7 @@ async def http_clients(
             sample = Sample(time.perf_counter(), [], 0)
             stream = await api.chat.completions.create(
                 model=MODEL_ID,
-                messages=messages,
+                messages=cast("list[ChatCompletionMessageParam]", messages),
                 max_tokens=load.max_tokens,
                 temperature=0,
                 stream=True,
@@ -538,7 +545,7 @@ async def http_clients(
                     sample.arrivals.append(time.perf_counter())
                 if chunk.usage is not None:
                     sample.tokens = chunk.usage.completion_tokens
-                    sample.cached = chunk.usage.model_extra["rapid"]["cached_prefix_tokens"]
+                    sample.cached = (chunk.usage.model_extra or {})["rapid"]["cached_prefix_tokens"]
                     sample.prompt = chunk.usage.prompt_tokens
             samples.append(sample)
         await api.close()
@@ -777,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += SETUPS[setup](args, load, client_counts)
     print(table(rows))
     if args.out:
-        report = {
+        report: dict[str, Any] = {
             "settings": {**start, **settings(args, load, client_counts)},
             "figures": [asdict(r) for r in rows],
         }
