@@ -15,12 +15,15 @@ layout as the `rapid_layout` keyword: each segment's queries attend to their own
 KV, each under its own causal mask (`_varlen`). A sequence that reads a shared prefix (one
 stored copy of a document's KV for every call on it, docs/algorithm.md section 14.1) has its
 KV in two parts, the prefix and its own tokens; a decode or verify block attends to each part
-and merges the two by their log-sum-exp (`_merged_attention`), so no per-step copy of the
-prefix is made.
+and merges the two by their log-sum-exp (`_merged`), so no per-step copy of the prefix is
+made. The segments of a pass that read the same prefix attend to it together, their queries
+stacked (`_shared_partials`): the prefix is read once per layer and pass, not once per
+sequence (the cascade split of SGLang and FlashInfer).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
@@ -98,19 +101,31 @@ Part = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 key seen) of one part of a sequence's KV."""
 
 
-def _folded(query: torch.Tensor, parts: list[Part], scaling: float | None) -> torch.Tensor:
+Partial = tuple[torch.Tensor, torch.Tensor]
+"""One part's attention for folded queries: its softmax-weighted values [1, Hkv, n, d] and
+the log-sum-exp of its scores [1, Hkv, n, 1] (float32 or wider: float64 models stay exact)."""
+
+
+def _folded(
+    query: torch.Tensor,
+    parts: list[Part],
+    scaling: float | None,
+    before: Sequence[Partial] = (),
+) -> torch.Tensor:
     """Query [1, Hq, q, d] against the concatenation of `parts` (consecutive, in order),
     the query heads that share a KV head folded into the query axis; returns [1, q, Hq, d].
     Several parts (a shared prefix, then the sequence's own tokens: section 14.1) are
-    attended part by part and merged (`_merged_attention`), never concatenated."""
+    attended part by part and merged (`_merged`), never concatenated; `before` are parts
+    ahead of `parts` already attended (`_shared_partials`), in the folded layout."""
     _, heads, q_len, dim = query.shape
     kv_heads = parts[0][0].shape[1]
     groups = heads // kv_heads
-    folded = query.reshape(1, kv_heads, groups * q_len, dim)
+    folded = _fold(query, kv_heads)
     tiled = [(key, value, _tiled(mask, groups, q_len)) for key, value, mask in parts]
-    scale = scaling if scaling is not None else dim**-0.5
-    if len(tiled) > 1:
-        out = _merged_attention(folded, tiled, scale)
+    scale = _scale(scaling, dim)
+    if before or len(tiled) > 1:
+        partials = [*before, *(_partial(folded, *part, scale) for part in tiled)]
+        out = _merged(partials, parts[-1][1].dtype)
     elif query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16):
         out = _matmul_attention(folded, *tiled[0], scale)
     else:
@@ -119,6 +134,17 @@ def _folded(query: torch.Tensor, parts: list[Part], scaling: float | None) -> to
             folded, key, value, attn_mask=mask, scale=scale
         )
     return out.reshape(1, heads, q_len, dim).transpose(1, 2).contiguous()
+
+
+def _fold(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """Query [1, Hq, q, d] as [1, Hkv, (Hq / Hkv) * q, d]: each KV head's query heads in a
+    row along the query axis."""
+    _, heads, q_len, dim = query.shape
+    return query.reshape(1, kv_heads, heads // kv_heads * q_len, dim)
+
+
+def _scale(scaling: float | None, dim: int) -> float:
+    return scaling if scaling is not None else dim**-0.5
 
 
 def _tiled(mask: torch.Tensor | None, groups: int, q_len: int) -> torch.Tensor | None:
@@ -148,18 +174,24 @@ def _varlen(
     query j sees every shared key and own keys 0 .. kv_i - t_i + j, the mask transformers'
     `sdpa_mask` builds for one sequence (none for one query, as there), so each segment
     computes what its sequence's own forward pass would. A shared prefix is attended apart
-    and merged (section 14.1), except under a long (prefill) block, which reads the prefix
-    and its own KV concatenated, once per layer and block."""
+    and merged (section 14.1), by every decode and verify block on it at once
+    (`_shared_partials`), except under a long (prefill) block, which reads the prefix and its
+    own KV concatenated, once per layer and block."""
     outputs = []
-    for segment, (start, end) in enumerate(layout.bounds):
-        *shared, (key, value) = layout.kv(module.layer_idx, segment)  # type: ignore[arg-type]
-        block = query[:, :, start:end]
-        kv = key.shape[-2] + sum(k.shape[-2] for k, _ in shared)
-        mask = _causal(end - start, kv, key)  # over [shared ; own]
-        own_mask = None if mask is None else mask[..., kv - key.shape[-2] :]
-        if shared and _foldable(block, key, value, own_mask, dropout, kwargs):
-            parts: list[Part] = [(k, v, None) for k, v in shared]  # seen by every query
-            out = _folded(block, [*parts, (key, value, own_mask)], scaling)
+    kvs = [layout.kv(module.layer_idx, i) for i in range(len(layout.bounds))]  # type: ignore[arg-type]
+    blocks = [query[:, :, start:end] for start, end in layout.bounds]
+    masks = [_own_mask(block, kv) for block, kv in zip(blocks, kvs, strict=True)]
+    joint = {
+        i: kv[:-1]
+        for i, (block, kv, mask) in enumerate(zip(blocks, kvs, masks, strict=True))
+        if len(kv) > 1 and _foldable(block, *kv[-1], mask[1], dropout, kwargs)
+    }  # decode and verify blocks on a shared prefix: it is attended for all at once
+    before = _shared_partials({i: blocks[i] for i in joint}, joint, scaling)
+    for segment, block in enumerate(blocks):
+        *shared, (key, value) = kvs[segment]
+        mask, own_mask = masks[segment]
+        if segment in before:
+            out = _folded(block, [(key, value, own_mask)], scaling, before[segment])
         else:
             if shared:  # a prefill block: read the prefix and its own KV joined, once
                 key = torch.cat([*(k for k, _ in shared), key], dim=-2)
@@ -167,6 +199,45 @@ def _varlen(
             out, _ = rapid_attention(module, block, key, value, mask, dropout, scaling, **kwargs)
         outputs.append(out)  # [1, t, Hq, d]
     return torch.cat(outputs, dim=1), None
+
+
+def _own_mask(
+    block: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor]]
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """A segment's causal mask over its whole KV [1, 1, t, kv] (`_causal`, `parts` joined)
+    and its columns over its own part (the last), for its block [1, Hq, t, d]."""
+    key = parts[-1][0]
+    kv = sum(k.shape[-2] for k, _ in parts)
+    mask = _causal(block.shape[2], kv, key)
+    return mask, None if mask is None else mask[..., kv - key.shape[-2] :]
+
+
+def _shared_partials(
+    blocks: dict[int, torch.Tensor],
+    shared: dict[int, list[tuple[torch.Tensor, torch.Tensor]]],
+    scaling: float | None,
+) -> dict[int, list[Partial]]:
+    """Each segment's partials over its shared prefix parts (`_partial`, in the folded
+    layout), for decode and verify blocks [1, Hq, t_i, d] (`blocks`, by segment) whose
+    `shared` parts [1, Hkv, P, d] are the same tensors: their folded queries are stacked and
+    attend to each part at once, so a prefix that n sequences read is read once, in one
+    matrix product of n times the rows. Every query sees every prefix key (no mask)."""
+    groups: dict[tuple[tuple[int, int, int], ...], list[int]] = {}
+    for i, parts in shared.items():
+        same = tuple((k.data_ptr(), k.shape[-2], v.data_ptr()) for k, v in parts)
+        groups.setdefault(same, []).append(i)
+    partials: dict[int, list[Partial]] = {i: [] for i in shared}
+    for members in groups.values():
+        kv_heads = shared[members[0]][0][0].shape[1]
+        folded = [_fold(blocks[i], kv_heads) for i in members]  # [1, Hkv, n_i, d] each
+        sizes = [f.shape[2] for f in folded]
+        stacked = torch.cat(folded, dim=2)  # [1, Hkv, sum n_i, d]
+        scale = _scale(scaling, stacked.shape[-1])
+        for key, value in shared[members[0]]:
+            out, lse = _partial(stacked, key, value, None, scale)
+            for i, o, s in zip(members, out.split(sizes, 2), lse.split(sizes, 2), strict=True):
+                partials[i].append((o, s))
+    return partials
 
 
 def _causal(t: int, kv: int, like: torch.Tensor) -> torch.Tensor | None:
@@ -203,22 +274,30 @@ def _matmul_attention(
     )
 
 
-def _merged_attention(query: torch.Tensor, parts: list[Part], scale: float) -> torch.Tensor:
-    """Attention of folded queries [1, Hkv, n, d] over the concatenation of `parts`, computed
-    part by part (the cascade / shared-prefix split of SGLang and FlashInfer): part i gives
-    its own softmax-weighted values o_i [1, Hkv, n, d] and the log-sum-exp l_i [1, Hkv, n, 1]
-    of its scores (float32 or wider: float64 models stay exact); the whole softmax puts mass
-    exp(l_i - logsumexp_j l_j) on part i, so the output is sum_i o_i exp(l_i - logsumexp_j
-    l_j), up to float rounding. Every part must leave each query some key (the own part
-    always holds the query's own token)."""
-    outs, sums = [], []
-    for key, value, mask in parts:
-        scores = _scores(query, key, mask, scale)
-        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-        outs.append(torch.matmul(torch.exp(scores - lse).to(value.dtype), value).to(lse.dtype))
-        sums.append(lse)
-    weights = torch.softmax(torch.stack(sums), dim=0)  # [parts, 1, Hkv, n, 1]
-    return (weights * torch.stack(outs)).sum(dim=0).to(parts[-1][1].dtype)
+def _partial(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> Partial:
+    """Folded queries [1, Hkv, n, d] against one part's keys and values [1, Hkv, kv_i, d]
+    under its mask [1, 1, n, kv_i] (None: every key seen); the part must leave each query
+    some key (the own part always holds the query's own token)."""
+    scores = _scores(query, key, mask, scale)
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    return torch.matmul(torch.exp(scores - lse).to(value.dtype), value).to(lse.dtype), lse
+
+
+def _merged(partials: list[Partial], dtype: torch.dtype) -> torch.Tensor:
+    """Attention over the concatenation of the parts `partials` came from (the cascade /
+    shared-prefix split of SGLang and FlashInfer): the whole softmax puts mass
+    exp(l_i - logsumexp_j l_j) on part i, so the output [1, Hkv, n, d] is sum_i o_i
+    exp(l_i - logsumexp_j l_j), up to float rounding; in `dtype` (the values')."""
+    weights = torch.softmax(
+        torch.stack([lse for _, lse in partials]), dim=0
+    )  # [parts, 1, Hkv, n, 1]
+    return (weights * torch.stack([out for out, _ in partials])).sum(dim=0).to(dtype)
 
 
 def use_rapid_attention(model: PreTrainedModel) -> None:

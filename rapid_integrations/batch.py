@@ -65,12 +65,12 @@ class BatchRunner:
     Both models must run `attention.rapid_attention` (SDPA models do, `use_rapid_attention`)
     with full-attention layers only.
 
-    With `costs` (a `schedule.BatchCosts`), speculation adapts to load (docs/algorithm.md
-    section 14.2): every step is timed into it, and before each draft phase the runner caps
-    every call's gamma at the cap it picks: `cap` is the latest (None: none), `caps` counts
-    the verify steps each cap preceded. Without, each call drafts as its schedule asks, and
-    its output is its `generate` output, sampled ones included (a cap keeps the law, not the
-    draws).
+    With `costs` (a `schedule.BatchCosts`; `Batcher.over` gives one), speculation adapts to
+    load (docs/algorithm.md section 14.2): every step is timed into it, and before each draft
+    phase the runner caps every greedy call's gamma at the cap it picks: `cap` is the latest
+    (None: none), `caps` counts the verify steps each cap preceded. A sampled call drafts as
+    its schedule asks (a cap would keep its law, not its draws), and so does every call
+    without costs. Either way each call's output is its `generate` output.
     """
 
     def __init__(self, engine: RapidEngine, costs: BatchCosts | None = None) -> None:
@@ -168,11 +168,13 @@ class BatchRunner:
         """Cap every call's next draft phase at the cap `costs` picks from each call's gamma
         and acceptance curve (docs/algorithm.md section 14.2)."""
         seats = [c.seat for c in self._calls.values()]
+        # A sampled call is not capped (`BatchSeat.cappable`); the cap is chosen as though it
+        # were, which only matters in a batch that mixes sampled and greedy calls.
         wants = [(s.schedule.gamma, s.schedule.costs) if s.schedule else (0, None) for s in seats]
         self.cap = costs.cap(wants)
         self.caps[self.cap] += 1
         for seat in seats:
-            seat.cap = self.cap
+            seat.cap = self.cap if seat.cappable else None
 
     @torch.inference_mode()
     def _advance(self, call_id: int, logits: torch.Tensor | Exception | None) -> None:
@@ -232,8 +234,13 @@ def _resume(call: _Call, logits: torch.Tensor | Exception | None) -> Feed | Rapi
 
 
 def _packed(feeds: list[Feed]) -> list[torch.Tensor] | Exception:
-    """`kv.feed_packed` over `feeds`, or its error (returned as `_resume` returns one)."""
+    """`kv.feed_packed` over `feeds`, or its error (returned as `_resume` returns one). A
+    feed alone on its model runs as it does alone (`KVState.feed`): a call by itself in the
+    batch pays no packing (position ids, the 4-D mask, per-segment attention) and gets
+    exactly the logits `generate` gets."""
     try:
+        if len(feeds) == 1:
+            return [feeds[0].state.feed(feeds[0].tokens, feeds[0].keep)]
         return feed_packed(feeds)
     except Exception as exc:
         return exc
