@@ -84,9 +84,11 @@ class Batcher:
         """A batcher over `engine`, or None where its models cannot be packed (`refused`
         is told why: each call then decodes by itself)."""
         from .batch import BatchRunner  # torch loads with the first call, not with the adapters
+        from .schedule import BatchCosts
 
         try:
-            return cls(BatchRunner(engine), gauges)
+            # Speculation adapts to load (docs/algorithm.md section 14.2).
+            return cls(BatchRunner(engine, BatchCosts()), gauges)
         except RapidConfigError as exc:
             refused(exc)
             return None

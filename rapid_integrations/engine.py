@@ -503,6 +503,8 @@ class RapidEngine:
         key, schedule, fresh = self._schedule(plan, stats)
         seat = seat or BatchSeat()
         seat.schedule = schedule if proposer else None
+        seat.cappable = cfg.greedy
+        seat.cap = seat.cap if cfg.greedy else None
         scorer = LogprobScorer(cfg, self._vocabulary_bytes()) if cfg.logprobs else None
         loop = Loop(
             target,

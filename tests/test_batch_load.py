@@ -135,6 +135,20 @@ def test_without_costs_a_runner_never_caps(engines):
     assert max(width for _, _, width in passes[1:]) > len(MIX) * 2  # drafts were read
 
 
+def test_a_sampled_call_is_never_capped_and_keeps_its_draws(engines):
+    """In a batch capped at 0 (compute-bound costs) a sampled call still drafts as its
+    schedule asks, and every output, the sampled one's draws included, is the call's own
+    unbatched output."""
+    engine = engines["separate"]
+    runner = BatchRunner(engine, known(COMPUTE_BOUND))
+    sampled = ("ab " * 13 + "l", "ab", {"gamma": 6, "temperature": 1.0, "seed": 3})
+    calls = [*MIX[:3], sampled]
+    got, passes = run_traced(engine, runner, calls)
+    assert got == [alone(engine, call) for call in calls]
+    capped = [(n, width) for cap, n, width in passes if cap == 0 and n == len(calls)]
+    assert any(width > n for n, width in capped)  # the sampled call's drafts (greedy: none)
+
+
 @pytest.mark.parametrize(
     ("verify", "draft", "cap"),
     [
