@@ -68,9 +68,9 @@ class BatchRunner:
     With `costs` (a `schedule.BatchCosts`; `Batcher.over` gives one), speculation adapts to
     load (docs/algorithm.md section 14.2): every step is timed into it, and before each draft
     phase the runner caps every greedy call's gamma at the cap it picks: `cap` is the latest
-    (None: none), `caps` counts the verify steps each cap preceded. A sampled call drafts as
-    its schedule asks (a cap would keep its law, not its draws), and so does every call
-    without costs. Either way each call's output is its `generate` output.
+    (None: none), `caps` counts the verify steps each cap preceded. A sampled or shaped call
+    (grammar, penalty) drafts as its schedule asks (`BatchSeat.cappable`), and so does every
+    call without costs. Either way each call's output is its `generate` output.
     """
 
     def __init__(self, engine: RapidEngine, costs: BatchCosts | None = None) -> None:

@@ -503,8 +503,9 @@ class RapidEngine:
         key, schedule, fresh = self._schedule(plan, stats)
         seat = seat or BatchSeat()
         seat.schedule = schedule if proposer else None
-        seat.cappable = cfg.greedy
-        seat.cap = seat.cap if cfg.greedy else None
+        # Capped only where the output is the same under any gamma (section 14.2).
+        seat.cappable = cfg.greedy and shaping is None
+        seat.cap = seat.cap if seat.cappable else None
         scorer = LogprobScorer(cfg, self._vocabulary_bytes()) if cfg.logprobs else None
         loop = Loop(
             target,
