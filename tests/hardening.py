@@ -105,11 +105,12 @@ def settle_threads(baseline: int, timeout: float = 10.0) -> int:
 
 
 def idle_threads(timeout: float = 10.0) -> int:
-    """The thread count once no batcher's worker thread ("rapid-batch") is left: the baseline
-    a test compares with after its calls, whose batcher has gone too by then."""
+    """The thread count once no batcher's worker thread ("rapid-batch") and no async stream's
+    ("rapid-stream", which ends just after its consumer has the last item) is left: the
+    baseline a test compares with after its calls, whose threads have gone too by then."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(
-        t.name.startswith("rapid-batch") for t in threading.enumerate()
+        t.name.startswith(("rapid-batch", "rapid-stream")) for t in threading.enumerate()
     ):
         gc.collect()
         time.sleep(0.01)
