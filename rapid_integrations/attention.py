@@ -294,9 +294,8 @@ def _merged(partials: list[Partial], dtype: torch.dtype) -> torch.Tensor:
     shared-prefix split of SGLang and FlashInfer): the whole softmax puts mass
     exp(l_i - logsumexp_j l_j) on part i, so the output [1, Hkv, n, d] is sum_i o_i
     exp(l_i - logsumexp_j l_j), up to float rounding; in `dtype` (the values')."""
-    weights = torch.softmax(
-        torch.stack([lse for _, lse in partials]), dim=0
-    )  # [parts, 1, Hkv, n, 1]
+    sums = torch.stack([lse for _, lse in partials])  # [parts, 1, Hkv, n, 1]
+    weights = torch.softmax(sums, dim=0)
     return (weights * torch.stack([out for out, _ in partials])).sum(dim=0).to(dtype)
 
 
