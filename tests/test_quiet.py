@@ -20,9 +20,10 @@ if sys.argv[1] == "debug":
 from rapid_integrations.engine import RapidEngine
 engine = RapidEngine(sys.argv[2]) if len(sys.argv) > 2 else RapidEngine.from_default()
 """
-# A long document: the draft reads it through retrieval, so the embedder loads and encodes.
+# A document long enough that the draft reads it through retrieval (over the 512-token
+# budget: about 650 tokens), so the embedder loads and encodes; no longer, for its prefill.
 CALL = """
-document = " ".join(f"Fact {i}: the code word of box {i} is w{i * 7}." for i in range(80))
+document = " ".join(f"Fact {i}: the code word of box {i} is w{i * 7}." for i in range(40))
 out = engine.generate(document + "\\nWhat is the code word of box 3?", max_new_tokens=4)
 assert out.stats.retrieved_tokens > 0  # the embedder loaded and encoded
 """
