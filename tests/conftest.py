@@ -44,7 +44,6 @@ SLOWEST_FIRST = (
     "test_engine_adaptive.py",
     "test_verdict_oracle.py",
     "test_grammar.py",
-    "test_quiet.py",
     "test_langchain_chains.py",
     "test_engine_exact.py",
     "test_llamaindex_docs.py",
@@ -54,9 +53,9 @@ SLOWEST_FIRST = (
     "test_readme.py",
     "test_langchain_tools.py",
     "test_langchain_agents.py",
+    "test_quiet.py",
     "test_hardening_concurrency.py",
     "test_retrieval_faiss.py",
-    "test_hardening_soak.py",
 )
 
 

@@ -163,7 +163,9 @@ def test_console_script_exit_code():
 @pytest.mark.slow
 def test_ask_with_the_embedded_model(tmp_path, capsys):
     path = tmp_path / "notes.txt"
-    path.write_text(demo_excerpt())
+    # Half the README tests' excerpt (tests/test_readme.py), half the prefill: still a
+    # document over the draft's budget, so the draft reads it through retrieval.
+    path.write_text(demo_excerpt(3000))
     argv = ["ask", str(path), "-q", QUESTION, "--max-new-tokens", "40", "--json", "--no-progress"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)

@@ -20,7 +20,7 @@ from tests import oracle
 from tests.seeded import position_counts
 from tests.test_engine_distribution import assert_follows
 from tests.test_engine_exact import random_prompts
-from tests.tiny import next_token_probs, reference_greedy
+from tests.tiny import greedy_mismatches, next_token_probs, reference_greedy
 
 SETTINGS = [
     {"draft_confidence_threshold": 0.5},
@@ -52,10 +52,11 @@ def test_eta0_greedy_equals_target_greedy(engines, target, tok, options, kind, m
     drafted = lookup = 0
     offered = spy_on_copies(monkeypatch)
     for i, (prompt, draft_prompt) in enumerate(repetitive_prompts(6, seed=len(options))):
-        want = reference_greedy(target, tok.encode(prompt), 24, len(tok))
         mode = "sd" if i % 3 == 2 else "rapid"
         out = engine.generate(prompt, draft_prompt, mode=mode, **options)
-        assert out.token_ids == want, (kind, options, mode, prompt)
+        # The target's greedy decoding without a cache, in one pass (tests/tiny.py).
+        wrong = greedy_mismatches(target, tok.encode(prompt), out.token_ids, len(tok))
+        assert wrong == [] and len(out.token_ids) == 24, (kind, options, mode, prompt)
         s = out.stats
         assert s.accepted_tokens + s.target_forward_passes == s.new_tokens == 24
         # One draft forward pass per token the model picked (and, in a pass that ends on
@@ -486,7 +487,9 @@ def test_auto_keeps_a_draft_that_pays(tok, target, monkeypatch):
     out = engine.generate(
         prompt, prompt, speculate_min_context="auto", ignore_eos=True, max_new_tokens=40
     )
-    assert out.token_ids == reference_greedy(target, tok.encode(prompt), 40, len(tok))
+    # One (slowed) pass over the answer, not 40 (tests/tiny.greedy_mismatches).
+    assert len(out.token_ids) == 40
+    assert greedy_mismatches(target, tok.encode(prompt), out.token_ids, len(tok)) == []
     assert not out.stats.speculation_stopped
     assert out.stats.accepted_tokens >= 30
 

@@ -106,6 +106,31 @@ def reference_greedy(
 
 
 @torch.inference_mode()
+def greedy_picks(
+    model: LlamaForCausalLM, prompt: list[int], tokens: list[int], vocab: int
+) -> list[int]:
+    """The model's greedy choice after `prompt + tokens[:i]` for each i < len(tokens), from one
+    pass without a KV cache: a causal model's logits at position t are its prediction from the
+    first t + 1 tokens, as `reference_greedy`'s pass over those tokens alone computes them."""
+    ids = torch.tensor([list(prompt) + list(tokens)])
+    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1, :vocab]
+    return logits.argmax(-1).tolist()
+
+
+def greedy_mismatches(
+    model: LlamaForCausalLM, prompt: list[int], tokens: list[int], vocab: int
+) -> list[int]:
+    """Positions i where `tokens[i]` is not the model's greedy choice after `prompt +
+    tokens[:i]`; empty when `tokens` is the model's own greedy continuation of `prompt`.
+
+    The check `tokens == reference_greedy(model, prompt, len(tokens), vocab)` makes (by
+    induction on i), without a cache as it does, in one pass instead of one per token.
+    """
+    picks = greedy_picks(model, prompt, tokens, vocab)
+    return [i for i, (token, pick) in enumerate(zip(tokens, picks, strict=True)) if token != pick]
+
+
+@torch.inference_mode()
 def next_token_probs(
     model: LlamaForCausalLM, prompt: list[int], vocab: int, temperature: float = 1.0
 ) -> torch.Tensor:
