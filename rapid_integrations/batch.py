@@ -168,8 +168,8 @@ class BatchRunner:
         """Cap every call's next draft phase at the cap `costs` picks from each call's gamma
         and acceptance curve (docs/algorithm.md section 14.2)."""
         seats = [c.seat for c in self._calls.values()]
-        # A sampled call is not capped (`BatchSeat.cappable`); the cap is chosen as though it
-        # were, which only matters in a batch that mixes sampled and greedy calls.
+        # A sampled or shaped call is not capped (`BatchSeat.cappable`); the cap is chosen as
+        # though it were, which only matters in a batch that mixes them with capped calls.
         wants = [(s.schedule.gamma, s.schedule.costs) if s.schedule else (0, None) for s in seats]
         self.cap = costs.cap(wants)
         self.caps[self.cap] += 1
