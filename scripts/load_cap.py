@@ -8,8 +8,8 @@ bundled demo document's first `--chars` characters (about 4 per token) and its o
 greedy at eta 0, decoded by one `BatchRunner`: "drafting" (no costs: each call drafts as
 asked), "plain" (mode lc: the target alone, the same batch without drafting) and `--rounds`
 batches under the load cap on one `BatchCosts` kept across them (as a server's runner keeps
-it), the caps each picked and its measured lines. A first call alone reads the document and a first batch, not reported,
-warms the process.
+it), the caps each picked and its measured lines. A first call alone reads the document, and
+a first batch, not reported, warms the process.
 """
 
 from __future__ import annotations
