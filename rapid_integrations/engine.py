@@ -225,6 +225,8 @@ class RapidEngine:
     here (device_map including "auto", quantization_config, attn_implementation,
     trust_remote_code, revision, dtype, ...); the draft does not inherit the target's. A
     device-mapped or quantized model is never moved: the verdict runs where its logits are.
+    device / draft_device / dtype place and cast the models loaded here; a model object is
+    used where and as it is, so one elsewhere than they ask is refused (`RapidConfigError`).
     draft_precision (one of `config.DRAFT_PRECISIONS`): "bfloat16", "float16", "int8-weight",
     "int4-weight" (CPU) or "int8" drafts with a cheaper in-memory copy of the draft (of the
     target, under self-speculation); outputs stay exact, acceptance may drop (int8 loses

@@ -12,12 +12,7 @@ from typing import Any, TypeVar, cast
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import (
-    CacheLayerMixin,
-    DummyLayer,
-    DynamicLayer,
-    DynamicSlidingWindowLayer,
-)
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
 
 from .attention import LAYOUT, NAME
 from .errors import RapidConfigError
@@ -155,13 +150,15 @@ class BufferedSlidingLayer(BufferedLayer):
         return self.sliding_window
 
 
-def _buffered(layer: object, capacity: int) -> CacheLayerMixin | DummyLayer | None:
+def _buffered(layer: object, capacity: int) -> object | None:
     """The buffered replacement of one of transformers' cache layers; None if there is none."""
     if type(layer) is DynamicLayer:
         return BufferedLayer(capacity)
     if type(layer) is DynamicSlidingWindowLayer:  # sliding-window and chunked attention
         return BufferedSlidingLayer(capacity, layer.sliding_window)
-    if type(layer) is DummyLayer:  # a layer that reads another layer's KV stores nothing
+    # A layer that reads another layer's KV stores nothing. By name: transformers before 5.2x
+    # has no such class, and the package supports every 5.x.
+    if type(layer).__name__ == "DummyLayer":
         return layer
     return None
 

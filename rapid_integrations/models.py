@@ -159,6 +159,7 @@ class LoadOptions:
     model_kwargs: Mapping[str, Any] = field(default_factory=dict)
     tokenizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
     prefix: str = ""  # "draft_" for the draft's options: errors name the engine argument
+    device_given: bool = False  # `device` was passed, not inherited (a model object must be there)
 
     @classmethod
     def check(
@@ -196,9 +197,10 @@ class LoadOptions:
                     f"gives device_map, and the {prefix}device argument places the model too: "
                     "give one",
                 )
-        elif device is None:
+        given = device is not None
+        if device is None and "device_map" not in model_kwargs:
             device = default_device
-        return cls(device, dtype, model_kwargs, dict(tokenizer_kwargs or {}), prefix)
+        return cls(device, dtype, model_kwargs, dict(tokenizer_kwargs or {}), prefix, given)
 
     @property
     def places_model(self) -> bool:
@@ -241,7 +243,8 @@ def load_model(
     Returns `(model, tokenizer)`; the tokenizer is None when none is saved with the model. A
     loaded model is put in eval mode on `options.device` (default: CUDA when available, else
     CPU) unless `options.model_kwargs` give a device_map or it came out quantized: those stay
-    where `from_pretrained` put them. Objects are used as given (never copied or moved).
+    where `from_pretrained` put them. Objects are used as given (never copied, moved or cast);
+    one on another device or in another dtype than `options` ask for is refused.
     """
     from transformers import PreTrainedModel
 
@@ -252,6 +255,7 @@ def load_model(
                 options.prefix + "model_kwargs",
                 "apply when a model is loaded from a folder or hub id, not to a model object",
             )
+        _check_placed(spec, options)
         return spec.eval(), _tokenizer_for(spec, options)
     import torch
 
@@ -285,6 +289,31 @@ def load_model(
     if "device_map" not in kwargs and not places_itself(model):
         model = model.to(device)  # type: ignore[arg-type]  # python/typeshed#10653
     return model.eval(), _saved_tokenizer(source, options.saved_tokenizer_kwargs())
+
+
+def _check_placed(model: PreTrainedModel, options: LoadOptions) -> None:
+    """`RapidConfigError` when a model object is not on the device or in the dtype that
+    `options` ask for: objects are used as given, never moved or cast, so the ask would
+    otherwise be ignored without a word."""
+    import torch
+
+    at = model.device
+    if options.device_given:
+        want = torch.device(options.device)  # type: ignore[arg-type]  # given means not None
+        if want.type != at.type or want.index not in (None, at.index or 0):
+            raise RapidConfigError(
+                options.prefix + "device",
+                f"asks for {want}, but the model object given is on {at}; model objects are "
+                f"used where they are: move it first (`model.to({str(want)!r})`) or leave "
+                f"{options.prefix}device unset",
+            )
+    if options.dtype not in (None, "auto") and resolve_dtype(options.dtype, at) != model.dtype:
+        raise RapidConfigError(
+            "dtype",
+            f"asks for {options.dtype}, but the {'draft' if options.prefix else 'target'} model object given "
+            f"is {model.dtype}; model objects are used as they are: cast it first or leave "
+            "dtype unset",
+        )
 
 
 def load_tokenizer(

@@ -145,6 +145,40 @@ def test_a_device_mapped_model_is_never_moved(tiny_model_dir, expected, monkeypa
     assert greedy(engine, "sd") == expected
 
 
+# ---- a model object is used where it is and as it is, and an ask to move it is refused --------
+
+
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    [
+        ("device", {"device": "cuda"}),
+        ("device", {"device": "cuda:1"}),
+        ("dtype", {"dtype": "bfloat16"}),
+        ("draft_device", {"draft": "object", "draft_device": "meta"}),
+        ("dtype", {"draft": "object", "dtype": torch.float64, "draft_dtype": torch.float32}),
+    ],
+)
+def test_a_model_object_elsewhere_than_asked_is_refused(field, kwargs):
+    """Without the check, device="cuda" with a CPU model object decoded on the CPU without a
+    word (seen on a GPU machine: a "CUDA" exactness check that ran on the CPU)."""
+    tok = char_tokenizer()
+    kwargs = dict(kwargs)
+    if kwargs.pop("draft", None):
+        kwargs["draft"] = tiny_llama(len(tok), seed=2).to(kwargs.pop("draft_dtype", torch.float64))
+    with pytest.raises(RapidConfigError) as err:
+        RapidEngine(tiny_llama(len(tok), seed=1), tokenizer=tok, **kwargs)
+    assert err.value.field == field
+
+
+def test_a_model_object_where_asked_is_used():
+    tok = char_tokenizer()
+    model = tiny_llama(len(tok), seed=1)
+    engine = RapidEngine(model, tokenizer=tok, device="cpu", dtype=torch.float64)
+    assert engine.target is model
+    # the draft inherits the target's device only as a default: a draft object stays put
+    assert RapidEngine(model, tiny_llama(len(tok), seed=2), tokenizer=tok, device="cpu").draft
+
+
 # ---- every argument is checked before any weights load ---------------------------------------
 
 
