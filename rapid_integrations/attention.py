@@ -7,8 +7,10 @@ folded into the query-length axis instead, so the cache is read in place:
     query [1, Hq, q, d] -> [1, Hkv, (Hq / Hkv) * q, d],  mask [1, 1, q, kv] tiled to match.
 On CPU in bf16/fp16, PyTorch's flash kernel is slow for few queries (measured in
 docs/performance.md, "Why these defaults"), so the scores are two matmuls with an fp32 softmax
-instead. Long query blocks (prefill) and anything unusual go to transformers' own SDPA
-function unchanged.
+instead. A masked prefill chunk on the CPU (every chunk after the first) goes to PyTorch's
+SDPA with `enable_gqa`, whose flash kernel also reads the grouped KV in place where
+transformers' SDPA function would `repeat_kv` the whole cache for it (`_gqa_prefill`).
+Anything else goes to transformers' own SDPA function unchanged.
 
 A packed forward pass of several sequences (`kv.PackedCache`, the varlen layout) passes its
 layout as the `rapid_layout` keyword: each segment's queries attend to their own sequence's
@@ -30,6 +32,7 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.utils.import_utils import is_torch_greater_or_equal
 
 NAME = "rapid_decode"
 LAYOUT = "rapid_layout"
@@ -48,6 +51,7 @@ class PackedLayout(Protocol):
 
 
 MAX_FOLDED_QUERIES = 64  # decode and verify blocks; longer blocks are prefill
+_SDPA_GQA = is_torch_greater_or_equal("2.5")  # scaled_dot_product_attention(enable_gqa=...)
 
 
 def rapid_attention(
@@ -64,6 +68,8 @@ def rapid_attention(
     layout = kwargs.pop(LAYOUT, None)
     if layout is not None:
         return _varlen(module, query, layout, dropout, scaling, **kwargs)
+    if _gqa_prefillable(query, key, value, attention_mask, dropout, kwargs):
+        return _gqa_prefill(query, key, value, attention_mask, scaling), None
     if not _foldable(query, key, value, attention_mask, dropout, kwargs):
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout, scaling, **kwargs
@@ -94,6 +100,46 @@ def _foldable(
         and query.shape[2] <= MAX_FOLDED_QUERIES
         and key.shape[-1] == value.shape[-1]
     )
+
+
+def _gqa_prefillable(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float,
+    kwargs: dict[str, Any],
+) -> bool:
+    """Whether `_gqa_prefill` computes this block exactly: a prefill chunk on the CPU under a
+    boolean mask, no dropout, soft-capping, bias or sinks. (On CUDA, SDPA with both a mask
+    and GQA falls back to its math kernel, so transformers' function keeps those blocks.)"""
+    return (
+        _SDPA_GQA
+        and query.device.type == "cpu"
+        and query.shape[2] > MAX_FOLDED_QUERIES
+        and attention_mask is not None
+        and attention_mask.dtype == torch.bool
+        and dropout == 0.0
+        and not (kwargs.keys() & {"softcap", "position_bias", "s_aux", "sinks"})
+        and key.shape[-1] == value.shape[-1]
+        and query.shape[1] % key.shape[1] == 0
+    )
+
+
+def _gqa_prefill(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Query [b, Hq, q, d] against keys and values [b, Hkv, kv, d] under a boolean mask
+    [b or 1, 1, q, kv]; returns [b, q, Hq, d]. At 64K tokens this reads the cache without the
+    Hq / Hkv copy and takes about half the time (docs/performance.md, "Why these defaults")."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=_scale(scaling, query.shape[-1]), enable_gqa=True
+    )
+    return out.transpose(1, 2).contiguous()
 
 
 Part = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]

@@ -12,7 +12,7 @@ from typing import Any, TypeVar, cast
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .attention import LAYOUT, NAME
 from .errors import RapidConfigError

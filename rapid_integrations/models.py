@@ -190,13 +190,12 @@ class LoadOptions:
             raise RapidConfigError(
                 prefix + "model_kwargs", "gives dtype, and so does the dtype argument: give one"
             )
-        if "device_map" in model_kwargs:
-            if device is not None:
-                raise RapidConfigError(
-                    prefix + "model_kwargs",
-                    f"gives device_map, and the {prefix}device argument places the model too: "
-                    "give one",
-                )
+        if "device_map" in model_kwargs and device is not None:
+            raise RapidConfigError(
+                prefix + "model_kwargs",
+                f"gives device_map, and the {prefix}device argument places the model too: "
+                "give one",
+            )
         given = device is not None
         if device is None and "device_map" not in model_kwargs:
             device = default_device

@@ -6,8 +6,9 @@ import random
 
 import pytest
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from rapid_integrations import RapidConfig, RapidEngine
+from rapid_integrations import RapidConfig, RapidEngine, attention
 from tests.tiny import greedy_mismatches, greedy_picks, reference_greedy, tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
@@ -107,6 +108,40 @@ def test_prefill_never_materializes_prompt_logits(tok, target, draft):
         for h in hooks:
             h.remove()
     assert max(rows) <= cfg.gamma + cfg.lookup_tokens + 1
+
+
+def test_gqa_prefill_equals_transformers_sdpa():
+    """`attention._gqa_prefill` (SDPA reading the grouped KV in place) computes what
+    transformers' SDPA function computes after `repeat_kv`, under a causal mask with an offset
+    and a sliding window."""
+    torch.manual_seed(0)
+    query = torch.randn(1, 6, 80, 16, dtype=torch.float64)
+    key, value = torch.randn(2, 1, 2, 200, 16, dtype=torch.float64)
+    rows, cols = torch.arange(120, 200)[:, None], torch.arange(200)[None, :]
+    mask = ((cols <= rows) & (cols > rows - 50))[None, None]
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 3, True
+    want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+    got = attention._gqa_prefill(query, key, value, mask, 0.3)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_long_prefill_chunks_keep_the_identity(engines, target, tok, monkeypatch):
+    """Chunks longer than a verify block, after the first, run under a mask through
+    `_gqa_prefill`; the output is still the target's own greedy decoding."""
+    lengths: list[int] = []
+    real = attention._gqa_prefill
+
+    def counted(query, *args):
+        lengths.append(query.shape[2])
+        return real(query, *args)
+
+    monkeypatch.setattr(attention, "_gqa_prefill", counted)
+    rng = random.Random(5)
+    prompt = "".join(rng.choice(ALPHABET) for _ in range(300))
+    out = engines["self"].generate(prompt, prompt[100:120], gamma=4, prefill_chunk_size=100)
+    assert lengths and min(lengths) > attention.MAX_FOLDED_QUERIES
+    assert greedy_mismatches(target, tok.encode(prompt), out.token_ids, len(tok)) == []
 
 
 def test_eta_positive_greedy_is_deterministic_and_leans_to_draft(tok, target, draft):
