@@ -193,8 +193,7 @@ class LoadOptions:
         if "device_map" in model_kwargs and device is not None:
             raise RapidConfigError(
                 prefix + "model_kwargs",
-                f"gives device_map, and the {prefix}device argument places the model too: "
-                "give one",
+                f"gives device_map, and the {prefix}device argument places the model too: give one",
             )
         given = device is not None
         if device is None and "device_map" not in model_kwargs:
