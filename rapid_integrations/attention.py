@@ -68,7 +68,9 @@ def rapid_attention(
     layout = kwargs.pop(LAYOUT, None)
     if layout is not None:
         return _varlen(module, query, layout, dropout, scaling, **kwargs)
-    if _gqa_prefillable(query, key, value, attention_mask, dropout, kwargs):
+    if attention_mask is not None and _gqa_prefillable(
+        query, key, value, attention_mask, dropout, kwargs
+    ):
         return _gqa_prefill(query, key, value, attention_mask, scaling), None
     if not _foldable(query, key, value, attention_mask, dropout, kwargs):
         return sdpa_attention_forward(
@@ -106,7 +108,7 @@ def _gqa_prefillable(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
+    attention_mask: torch.Tensor,
     dropout: float,
     kwargs: dict[str, Any],
 ) -> bool:
@@ -117,7 +119,6 @@ def _gqa_prefillable(
         _SDPA_GQA
         and query.device.type == "cpu"
         and query.shape[2] > MAX_FOLDED_QUERIES
-        and attention_mask is not None
         and attention_mask.dtype == torch.bool
         and dropout == 0.0
         and not (kwargs.keys() & {"softcap", "position_bias", "s_aux", "sinks"})

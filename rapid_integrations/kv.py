@@ -12,7 +12,7 @@ from typing import Any, TypeVar, cast
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
 
 from .attention import LAYOUT, NAME
 from .errors import RapidConfigError
@@ -150,7 +150,7 @@ class BufferedSlidingLayer(BufferedLayer):
         return self.sliding_window
 
 
-def _buffered(layer: object, capacity: int) -> object | None:
+def _buffered(layer: object, capacity: int) -> CacheLayerMixin | None:
     """The buffered replacement of one of transformers' cache layers; None if there is none."""
     if type(layer) is DynamicLayer:
         return BufferedLayer(capacity)
@@ -159,7 +159,7 @@ def _buffered(layer: object, capacity: int) -> object | None:
     # A layer that reads another layer's KV stores nothing. By name: transformers before 5.2x
     # has no such class, and the package supports every 5.x.
     if type(layer).__name__ == "DummyLayer":
-        return layer
+        return cast(CacheLayerMixin, layer)  # kept as it is, among the layers around it
     return None
 
 

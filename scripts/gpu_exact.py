@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import copy
 import sys
+from typing import Any
 
 import torch
 
 from rapid_integrations import BatchRunner, RapidConfig, RapidEngine
 from tests.tiny import char_tokenizer, greedy_mismatches, tiny_llama
 
-PROMPTS = [
+PROMPTS: list[tuple[str, str, dict[str, Any]]] = [
     ("abc def gh abc def gh abc", "def gh", {"gamma": 4}),
     ("hello. ab cd ab cd ab", "ab cd", {"gamma": 6, "lookup_ngram": 0}),
     ("jkl jkl jkl jkl abc abc abc a", "abc", {"gamma": 3, "prefill_chunk_size": 5}),
@@ -36,8 +37,8 @@ def tiny_greedy(device: str) -> int:
     """Check 1: the number of calls whose tokens are not the target's greedy ones."""
     tok = char_tokenizer()
     reference = tiny_llama(len(tok), seed=11)  # on the CPU
-    target = copy.deepcopy(reference).to(device)
-    draft = tiny_llama(len(tok), seed=12, layers=1).to(device)
+    target = copy.deepcopy(reference).to(device)  # type: ignore[arg-type]  # python/typeshed#10653
+    draft = tiny_llama(len(tok), seed=12, layers=1).to(device)  # type: ignore[arg-type]  # python/typeshed#10653
     cfg = RapidConfig(eta=0.0, max_new_tokens=40, ignore_eos=True)
     bad = 0
     for name, engine in (
@@ -56,7 +57,8 @@ def tiny_greedy(device: str) -> int:
 def tiny_batched(device: str) -> int:
     """Check 2: the number of calls whose batched tokens differ from their own alone."""
     tok = char_tokenizer()
-    target = tiny_llama(len(tok), seed=11, dtype=torch.float32, scale=0.5).to(device)
+    target = tiny_llama(len(tok), seed=11, dtype=torch.float32, scale=0.5)
+    target.to(device)  # type: ignore[arg-type]  # python/typeshed#10653
     cfg = RapidConfig(eta=0.0, max_new_tokens=14, ignore_eos=True)
     engine = RapidEngine(target, tokenizer=tok, config=cfg, device=device)
     want = [engine.generate(p, d, **o).token_ids for p, d, o in PROMPTS]
@@ -82,9 +84,8 @@ def embedded(device: str) -> None:
             break
     document = "\n\n".join(paragraphs)
     prompt = f"{document}\n\nQuestion: what does the first function return?\nAnswer:"
-    cfg = {"max_new_tokens": 64, "ignore_eos": True}
-    lc = engine.generate(prompt, mode="lc", **cfg).token_ids
-    rapid = engine.generate(prompt, mode="rapid", eta=0.0, **cfg).token_ids
+    lc = engine.generate(prompt, mode="lc", max_new_tokens=64, ignore_eos=True).token_ids
+    rapid = engine.generate(prompt, eta=0.0, max_new_tokens=64, ignore_eos=True).token_ids
     first = next((i for i, (a, b) in enumerate(zip(lc, rapid, strict=True)) if a != b), None)
     print(f"embedded float32 2K: rapid eta 0 equals lc for {first or len(lc)}/{len(lc)} tokens")
 

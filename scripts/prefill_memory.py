@@ -40,7 +40,7 @@ def haystack(engine: RapidEngine, tokens: int) -> str:
         if sum(map(len, paragraphs)) > 5 * tokens:  # about 4 characters a token
             break
     ids = engine.tokenizer("\n\n".join(paragraphs))["input_ids"][:tokens]
-    return engine.tokenizer.decode(ids)
+    return str(engine.tokenizer.decode(ids))
 
 
 def main() -> None:

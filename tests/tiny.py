@@ -80,7 +80,7 @@ def tiny_llama(
         pad_token_id=None,
         tie_word_embeddings=False,
     )
-    return LlamaForCausalLM(cfg).to(dtype).eval()
+    return LlamaForCausalLM(cfg).to(dtype).eval()  # type: ignore[arg-type]  # python/typeshed#10653
 
 
 @torch.inference_mode()
