@@ -79,12 +79,16 @@ own timed costs and recent acceptance, and the call stops drafting where its pas
 slower than a plain target step (docs/algorithm.md section 2.9). No confidence stop: with
 eta > 0 the target leans toward the draft, so doubtful drafts are still kept (measured in
 docs/performance.md, "Why these defaults")."""
+FALLBACK = (("speculate_min_context", "auto"),)
+"""The measured fallback alone (issue 29's candidate default): gamma stays fixed, and the call
+stops drafting where its passes measure slower than a plain target step (section 2.11)."""
 NO_LOOKUP = (("lookup_ngram", 0),)
 DRAFT_CONFIDENCE = (("eta_rule", "draft-confidence"),)
 OFF_TOPIC = (("retriever", OffTopicRetriever()),)
 VARIANTS: dict[str, tuple[tuple[str, Any], ...]] = {
     "adaptive": ADAPTIVE,
     "adaptive-again": ADAPTIVE,
+    "fallback": FALLBACK,
     "no-lookup": NO_LOOKUP,
     "adaptive+no-lookup": ADAPTIVE + NO_LOOKUP,
     "paper": (("confidence_guard", False),),
@@ -92,7 +96,7 @@ VARIANTS: dict[str, tuple[tuple[str, Any], ...]] = {
     "off-topic": OFF_TOPIC,
     "draft-confidence+off-topic": DRAFT_CONFIDENCE + OFF_TOPIC,
 }
-"""Named rapid variants (their `RapidConfig` overrides): `--long` runs the first three, and
+"""Named rapid variants (their `RapidConfig` overrides): `--long` runs the first four, and
 `--variants` adds any of them to the QA suite. `adaptive-again` is `adaptive` run right after
 it: the engine's next call at that length, which starts from the schedule the first left
 (docs/algorithm.md section 2.11). The lookup proposer is on by default, so `no-lookup`
@@ -314,7 +318,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "broad-quick": BROAD_QUICK,
 }
 SUITES = ("standard", "broad")
-LONG_VARIANTS = ("adaptive", "adaptive-again", "no-lookup")
+LONG_VARIANTS = ("adaptive", "adaptive-again", "fallback", "no-lookup")
 LONG_CACHE_BYTES = 1 << 33
 """Prefix cache bound of the long suite: a 64K prompt's KV must stay stored for the methods
 after `lc` (SmolLM2 bf16: 1.5 GB)."""
