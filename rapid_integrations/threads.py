@@ -8,7 +8,11 @@ decoding collapses (docs/performance.md, "On a busy machine"). Two measures:
   package is imported, with `setdefault`: a user's value is kept. OpenMP reads it once, when
   torch loads, so it only helps where `rapid_integrations` is imported before torch.
 * `configure_torch_threads()` runs once per engine build and sets torch's intra-op thread
-  count to the usable CPUs minus those other processes keep busy (at least 1).
+  count to the usable CPUs minus those other processes keep busy (at least 1). Busy is
+  sampled from /proc/stat over `SAMPLE_SECONDS`, not read from the 1-minute load average:
+  that average lags, so an engine built within a minute after another heavy process ended
+  took the whole machine for busy and decoded on 1 thread of 2. The load average remains
+  where /proc/stat is missing.
   `RAPID_NUM_THREADS` (a positive integer, or "auto" for the rule) replaces the pick. A
   user's own setting is never changed: OMP_NUM_THREADS or MKL_NUM_THREADS set, or a torch
   thread count that is neither torch's default nor the count set here last.
@@ -26,6 +30,7 @@ import logging
 import math
 import os
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +44,9 @@ ENV = "RAPID_NUM_THREADS"
 TORCH_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 """A user's own thread settings for torch: when either is set, the count is left alone."""
 CGROUP = Path("/sys/fs/cgroup")
+STAT = Path("/proc/stat")
+SAMPLE_SECONDS = 0.1
+"""How long the CPUs' use is sampled when an engine is built: 10 ticks of a 100 Hz clock."""
 LOAD_SECONDS = 60.0
 """Time constant of the 1-minute load average (its exponential decay)."""
 
@@ -88,6 +96,25 @@ def busy_cpus(load: float, own: float, usable: int, online: int) -> int:
     return max(0, round((load - own) * usable / max(online, usable)))
 
 
+def machine_ticks(stat: str) -> tuple[int, int]:
+    """(busy, total) clock ticks of all CPUs from /proc/stat's first line (user, nice, system,
+    idle, iowait, irq, softirq, steal): idle and iowait are not busy; guest time is already
+    counted in user."""
+    ticks = [int(value) for value in stat.split("\n", 1)[0].split()[1:9]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+def busy_between(
+    before: tuple[int, int], after: tuple[int, int], own_cpus: float, online: int
+) -> float:
+    """CPUs other processes kept busy between two `machine_ticks` readings: the machine's busy
+    share times its `online` CPUs, less the `own_cpus` this process used meanwhile."""
+    (busy0, total0), (busy1, total1) = before, after
+    if total1 <= total0:
+        return 0.0
+    return max(0.0, (busy1 - busy0) / (total1 - total0) * online - own_cpus)
+
+
 def pick_threads(usable: int, busy: int) -> int:
     """The usable CPUs minus the busy ones, at least 1."""
     return max(1, usable - busy)
@@ -135,15 +162,31 @@ def configure_torch_threads(environ: Mapping[str, str] = os.environ) -> ThreadCh
 
 def _auto_pick() -> tuple[int, str]:
     usable = usable_cpus()
+    online = os.cpu_count() or usable
+    sampled = _sample_busy(online)
+    if sampled is not None:
+        busy = busy_cpus(sampled, 0.0, usable, online)
+        return pick_threads(usable, busy), f"{usable} usable CPUs, {busy} busy ({sampled:.2f} now)"
     try:
         load = os.getloadavg()[0]
     except OSError:  # no load average on this platform
         return usable, f"{usable} usable CPUs, no load average"
     times = os.times()
     own = own_load(times.user + times.system, _process_age())
-    busy = busy_cpus(load, own, usable, os.cpu_count() or usable)
+    busy = busy_cpus(load, own, usable, online)
     threads = pick_threads(usable, busy)
     return threads, f"{usable} usable CPUs, {busy} busy (load {load:.2f}, ours {own:.2f})"
+
+
+def _sample_busy(online: int) -> float | None:
+    """CPUs other processes use over the next `SAMPLE_SECONDS`; None without /proc/stat."""
+    try:
+        before, own = machine_ticks(STAT.read_text()), sum(os.times()[:2])
+        time.sleep(SAMPLE_SECONDS)
+        after, own = machine_ticks(STAT.read_text()), sum(os.times()[:2]) - own
+    except (OSError, ValueError, IndexError):
+        return None
+    return busy_between(before, after, own / SAMPLE_SECONDS, online)
 
 
 def _process_age() -> float:

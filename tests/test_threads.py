@@ -83,12 +83,47 @@ def test_override_sets_the_count(restore_threads):
     assert threads.configure_torch_threads({"RAPID_NUM_THREADS": "2"}).threads == 2
 
 
-def test_auto_pick_uses_the_load(restore_threads, monkeypatch):
+def test_auto_pick_uses_the_load_without_proc_stat(restore_threads, monkeypatch):
     monkeypatch.setattr(threads, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(threads, "STAT", threads.Path("/nonexistent/stat"))
     monkeypatch.setattr(os, "getloadavg", lambda: (1.2, 0.0, 0.0))
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(threads, "_process_age", lambda: 0.0)  # no share of ours
     assert threads.configure_torch_threads({}).threads == 1 == torch.get_num_threads()
+
+
+STAT_LINE = "cpu  {user} 0 {system} {idle} {iowait} 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"
+
+
+def test_machine_ticks_count_idle_and_iowait_as_not_busy():
+    stat = STAT_LINE.format(user=100, system=50, idle=800, iowait=50)
+    assert threads.machine_ticks(stat) == (150, 1000)
+
+
+def test_busy_between_two_readings_excludes_our_own_use():
+    before, after = (150, 1000), (150 + 150, 1000 + 200)  # 2 CPUs, 100 ticks each, 150 busy
+    assert threads.busy_between(before, after, own_cpus=0.0, online=2) == pytest.approx(1.5)
+    assert threads.busy_between(before, after, own_cpus=1.0, online=2) == pytest.approx(0.5)
+    assert threads.busy_between(before, after, own_cpus=2.0, online=2) == 0.0
+    assert threads.busy_between(before, before, own_cpus=0.0, online=2) == 0.0  # no tick yet
+
+
+def test_auto_pick_reads_the_cpus_now_not_the_lagging_load(restore_threads, monkeypatch, tmp_path):
+    """A heavy process that ended seconds ago leaves the 1-minute load average near 2 on a
+    2-CPU machine; the engine built then must still take both CPUs (it took 1 before)."""
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.9, 1.0, 0.5))
+    readings = iter([(0, 0, 800, 0), (0, 0, 1000, 0)])  # 200 idle ticks: nothing busy now
+
+    def read_text(self):
+        user, system, idle, iowait = next(readings)
+        return STAT_LINE.format(user=user, system=system, idle=idle, iowait=iowait)
+
+    monkeypatch.setattr(threads.Path, "read_text", read_text)
+    monkeypatch.setattr(threads.time, "sleep", lambda seconds: None)
+    choice = threads.configure_torch_threads({})
+    assert choice.threads == 2 == torch.get_num_threads(), choice.reason
 
 
 @pytest.mark.parametrize("name", threads.TORCH_ENV)
