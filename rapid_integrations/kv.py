@@ -156,8 +156,8 @@ def _buffered(layer: object, capacity: int) -> CacheLayerMixin | None:
         return BufferedLayer(capacity)
     if type(layer) is DynamicSlidingWindowLayer:  # sliding-window and chunked attention
         return BufferedSlidingLayer(capacity, layer.sliding_window)
-    # A layer that reads another layer's KV stores nothing. By name: transformers before 5.2x
-    # has no such class, and the package supports every 5.x.
+    # A layer that reads another layer's KV stores nothing. By name: transformers 5.17, for
+    # one, has no such class, and the package supports every 5.x.
     if type(layer).__name__ == "DummyLayer":
         return cast(CacheLayerMixin, layer)  # kept as it is, among the layers around it
     return None

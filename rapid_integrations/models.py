@@ -306,11 +306,11 @@ def _check_placed(model: PreTrainedModel, options: LoadOptions) -> None:
                 f"{options.prefix}device unset",
             )
     if options.dtype not in (None, "auto") and resolve_dtype(options.dtype, at) != model.dtype:
+        which = "draft" if options.prefix else "target"
         raise RapidConfigError(
             "dtype",
-            f"asks for {options.dtype}, but the {'draft' if options.prefix else 'target'} model object given "
-            f"is {model.dtype}; model objects are used as they are: cast it first or leave "
-            "dtype unset",
+            f"asks for {options.dtype}, but the {which} model object given is {model.dtype}; "
+            "model objects are used as they are: cast it first or leave dtype unset",
         )
 
 
