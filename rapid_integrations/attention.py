@@ -89,18 +89,25 @@ def _foldable(
 ) -> bool:
     """Whether `_folded` computes this block exactly: one sequence, a decode or verify block
     (prefill and anything unusual go to transformers' SDPA function)."""
-    plain = (
-        query.shape[0] == 1
-        and dropout == 0.0
-        and not kwargs.get("softcap")
-        and "position_bias" not in kwargs
-    )
+    plain = query.shape[0] == 1 and _plain(dropout, kwargs)
     causal_prefill = attention_mask is None and query.shape[2] > 1
     return (
         plain
         and not causal_prefill
         and query.shape[2] <= MAX_FOLDED_QUERIES
         and key.shape[-1] == value.shape[-1]
+    )
+
+
+def _plain(dropout: float, kwargs: dict[str, Any]) -> bool:
+    """No dropout, soft-capping, position bias or attention sinks: plain softmax attention,
+    what `_folded` and `_gqa_prefill` compute."""
+    return (
+        dropout == 0.0
+        and not kwargs.get("softcap")
+        and "position_bias" not in kwargs
+        and kwargs.get("s_aux") is None
+        and kwargs.get("sinks") is None
     )
 
 
@@ -120,8 +127,7 @@ def _gqa_prefillable(
         and query.device.type == "cpu"
         and query.shape[2] > MAX_FOLDED_QUERIES
         and attention_mask.dtype == torch.bool
-        and dropout == 0.0
-        and not (kwargs.keys() & {"softcap", "position_bias", "s_aux", "sinks"})
+        and _plain(dropout, kwargs)
         and key.shape[-1] == value.shape[-1]
         and query.shape[1] % key.shape[1] == 0
     )

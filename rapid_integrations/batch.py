@@ -174,7 +174,7 @@ class BatchRunner:
         self.cap = costs.cap(wants)
         self.caps[self.cap] += 1
         for seat in seats:
-            seat.cap = self.cap if seat.cappable else None
+            seat.cap = self.cap  # obeyed where the seat is cappable (`BatchSeat.limit`)
 
     @torch.inference_mode()
     def _advance(self, call_id: int, logits: torch.Tensor | Exception | None) -> None:

@@ -138,7 +138,7 @@ def _draft(loop: Loop) -> Forwards[_Proposal]:
     for and the budget leaves room for; none, with the draft's q at the one position decided,
     when there is no room (2.7)."""
     start = time.perf_counter()
-    proposer, schedule, cap = loop.proposer, loop.schedule, loop.seat.cap
+    proposer, schedule, cap = loop.proposer, loop.schedule, loop.seat.limit
     left = loop.budget() - 1 if proposer and schedule.drafting else 0
     asked = min(schedule.gamma, left, left if cap is None else cap)
     forwards = proposer.state.forward_passes if proposer else 0
@@ -507,7 +507,6 @@ class RapidEngine:
         seat.schedule = schedule if proposer else None
         # Capped only where the output is the same under any gamma (section 14.2).
         seat.cappable = cfg.greedy and shaping is None
-        seat.cap = seat.cap if seat.cappable else None
         scorer = LogprobScorer(cfg, self._vocabulary_bytes()) if cfg.logprobs else None
         loop = Loop(
             target,

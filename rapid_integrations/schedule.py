@@ -294,6 +294,11 @@ class BatchSeat:
     cap: int | None = None
     cappable: bool = True
 
+    @property
+    def limit(self) -> int | None:
+        """The cap the call's next draft phase obeys: `cap` where `cappable`, else None."""
+        return self.cap if self.cappable else None
+
 
 class Line(Protocol):
     """Seconds of a forward pass as a function of the tokens it reads (`PassLine`)."""

@@ -74,15 +74,10 @@ def tiny_batched(device: str) -> int:
 
 def embedded(device: str) -> None:
     """Check 3 (reported, not failed): RAPID eta 0 against lc on the embedded model."""
-    from rapid_integrations.bench.haystack import stdlib_paragraphs
+    from rapid_integrations.bench.haystack import leading_text
 
     engine = RapidEngine.from_default(device=device, dtype="float32")
-    paragraphs: list[str] = []
-    for paragraph in stdlib_paragraphs():
-        paragraphs.append(paragraph)
-        if len(engine.tokenizer("\n\n".join(paragraphs))["input_ids"]) >= 2048:
-            break
-    document = "\n\n".join(paragraphs)
+    document = leading_text(engine.tokenizer, 2048)
     prompt = f"{document}\n\nQuestion: what does the first function return?\nAnswer:"
     lc = engine.generate(prompt, mode="lc", max_new_tokens=64, ignore_eos=True).token_ids
     rapid = engine.generate(prompt, eta=0.0, max_new_tokens=64, ignore_eos=True).token_ids

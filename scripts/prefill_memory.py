@@ -19,7 +19,7 @@ import time
 import torch
 
 from rapid_integrations import RapidEngine
-from rapid_integrations.bench.haystack import stdlib_paragraphs
+from rapid_integrations.bench.haystack import leading_text
 from rapid_integrations.bench.models import load_rope_scaled
 from rapid_integrations.models import ensure_default_model
 
@@ -32,17 +32,6 @@ def resident() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / GIB
 
 
-def haystack(engine: RapidEngine, tokens: int) -> str:
-    """The first `tokens` tokens of the bench's haystack text."""
-    paragraphs: list[str] = []
-    for paragraph in stdlib_paragraphs():
-        paragraphs.append(paragraph)
-        if sum(map(len, paragraphs)) > 5 * tokens:  # about 4 characters a token
-            break
-    ids = engine.tokenizer("\n\n".join(paragraphs))["input_ids"][:tokens]
-    return str(engine.tokenizer.decode(ids))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--tokens", type=int, default=32768)
@@ -53,7 +42,9 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     model, _ = load_rope_scaled(folder, args.tokens + 64, torch.device("cpu"), dtype, "yarn")
     engine = RapidEngine(model, tokenizer=str(folder), config={"max_new_tokens": 4})
-    prompt = haystack(engine, args.tokens) + "\nQuestion: what is this about?\nAnswer:"
+    prompt = (
+        leading_text(engine.tokenizer, args.tokens) + "\nQuestion: what is this about?\nAnswer:"
+    )
     peak, done = [0.0], threading.Event()
 
     def sample() -> None:

@@ -8,6 +8,10 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 HAYSTACK_MODULES = (
     "argparse", "asyncio", "collections", "csv", "dataclasses", "datetime", "decimal",
@@ -29,3 +33,15 @@ def stdlib_paragraphs() -> Iterator[str]:
             if doc and len(doc) > 200 and doc not in seen:
                 seen.add(doc)
                 yield doc
+
+
+def leading_text(tokenizer: PreTrainedTokenizerBase, tokens: int) -> str:
+    """The haystack's first `tokens` tokens (fewer where it runs out), as text: a long prompt
+    for the scripts that time one prefill or check one long call."""
+    paragraphs: list[str] = []
+    for paragraph in stdlib_paragraphs():
+        paragraphs.append(paragraph)
+        if sum(map(len, paragraphs)) > 5 * tokens:  # about 4 characters a token
+            break
+    ids = tokenizer("\n\n".join(paragraphs))["input_ids"][:tokens]
+    return str(tokenizer.decode(ids))
