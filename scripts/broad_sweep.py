@@ -57,10 +57,10 @@ def cell_phases(cell: tuple[str, str], args: argparse.Namespace, stop_at: float)
         cmd += (["--device", args.device] if args.device else []) + args.bench_args
         log = (args.out / f"{text}-{kind}-{phase}.log").open("w")
         try:
-            code = subprocess.run(cmd, stdout=log, stderr=log, timeout=left).returncode
+            ending = str(subprocess.run(cmd, stdout=log, stderr=log, timeout=left).returncode)
         except subprocess.TimeoutExpired:
-            code = "timeout"
-        done.append(f"{phase}:{code}")
+            ending = "timeout"
+        done.append(f"{phase}:{ending}")
     return f"{text}-{kind} " + " ".join(done)
 
 
@@ -88,7 +88,13 @@ def merge(args: argparse.Namespace) -> None:
     keep = ("summary", "accuracy_cells", "speed_figures", "records", "schema_version")
     meta = {k: v for k, v in runs[0].items() if k not in keep}
     meta["cells"] = [str(f.parent.parent.name) for f in files]
-    meta["wall_seconds"] = max(r["wall_seconds"] for r in runs)
+    # A phase stopped at the deadline saved its tasks but not its wall time.
+    meta["wall_seconds"] = max(r.get("wall_seconds", 0.0) for r in runs)
+    meta["stopped_cells"] = [
+        str(f.parent.parent.name)
+        for f, r in zip(files, runs, strict=True)
+        if "wall_seconds" not in r
+    ]
     records = [record for r in runs for record in r["records"]]
     out = args.folder / f"merged-{args.phase}"
     write_report(out, meta, records, plots=False)

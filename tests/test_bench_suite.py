@@ -336,3 +336,17 @@ def test_off_topic_passages_hold_no_answer_of_any_task(dev):
     assert passages.strip()
     for task in dev:
         assert not any(ref in passages for ref in task.references), task.task_id
+
+
+def test_off_topic_variant_drafts_from_its_own_passages(tmp_path, capsys):
+    """The `off-topic` rows read the off-topic C^S, not the task's retrieved passages (2K: past
+    the 512-token floor of C^S, under which the whole document passes through): none of
+    the planted facts (recall 0) and a draft context of another size than the plain row's."""
+    flags = "--tasks 1 --lengths 2048 --texts story --kinds single,two --methods rapid --etas 5"
+    records = _run(tmp_path, capsys, f"{flags} --variants off-topic --variant-etas 5")["records"]
+    plain = {r["task_id"]: r for r in records if r["label"] == "rapid eta=5"}
+    off = {r["task_id"]: r for r in records if r["label"] == "rapid eta=5 off-topic"}
+    assert plain.keys() == off.keys() and len(off) == 2
+    for task_id, r in off.items():
+        assert plain[task_id]["needle_recall"] == 1.0 and r["needle_recall"] == 0.0
+        assert r["draft_context_tokens"] != plain[task_id]["draft_context_tokens"]

@@ -566,7 +566,8 @@ def _qa_suite(session: _Session, engine: RapidEngine, tasks: list[Task], name: s
             retrieved = _Retrieved.build(engine, task, any(m.retrieves for m in methods))
             for i, method in enumerate(methods):
                 cold = i == 0 or not suite.share_prefill
-                session.run(_Call(suite, method, task, retrieved, cold=cold))
+                own = _Retrieved.own(engine, task, method) or retrieved
+                session.run(_Call(suite, method, task, own, cold=cold))
             if followup:
                 # The engine still holds this document's KV from the methods above.
                 retrieved = _Retrieved.build(engine, followup, True)
@@ -747,11 +748,14 @@ class _Retrieved:
     needle_recall: float | None
 
     @classmethod
-    def build(cls, engine: RapidEngine, task: Task, needed: bool) -> _Retrieved:
+    def build(
+        cls, engine: RapidEngine, task: Task, needed: bool, retriever: Any = None
+    ) -> _Retrieved:
         if not needed:
             return cls(None, 0.0, None)
         start = time.perf_counter()
-        built = prepare_draft_prompt(task.messages, engine.tokenizer, config=engine.config)
+        tok, config = engine.tokenizer, engine.config
+        built = prepare_draft_prompt(task.messages, tok, retriever=retriever, config=config)
         seconds = time.perf_counter() - start
         if built.target_only:  # retrieval failed: the engine falls back to the target alone
             return cls(None, seconds, 0.0)
@@ -759,6 +763,14 @@ class _Retrieved:
         text = "\n".join(m["content"] for m in messages)
         found = sum(f in text for f in task.facts)
         return cls(built.prompt, seconds, found / len(task.facts) if task.facts else None)
+
+    @classmethod
+    def own(cls, engine: RapidEngine, task: Task, method: Method) -> _Retrieved | None:
+        """The C^S of a method that names its own retriever (the `off-topic` variant): the
+        draft prompt is passed explicitly, which the engine prefers to a `retriever` option,
+        so the task's shared C^S would silently replace it. None for every other method."""
+        retriever = dict(method.options).get("retriever")
+        return None if retriever is None else cls.build(engine, task, True, retriever)
 
 
 def _measure(call: _Call, gguf: Path | None) -> Measurement:
