@@ -327,6 +327,11 @@ def _matmul_attention(
     )
 
 
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+"""PyTorch's CPU flash attention, which also returns the log-sum-exp [B, H, n] (float32 for
+bf16 and float32 inputs, float64 for float64) that merging parts needs; None where absent."""
+
+
 def _partial(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -347,11 +352,6 @@ def _partial(
     scores = _scores(query, key, mask, scale)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
     return torch.matmul(torch.exp(scores - lse).to(value.dtype), value).to(lse.dtype), lse
-
-
-_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-"""PyTorch's CPU flash attention, which also returns the log-sum-exp [B, H, n] (float32 for
-bf16 and float32 inputs, float64 for float64) that merging parts needs; None where absent."""
 
 
 def _merged(partials: list[Partial], dtype: torch.dtype) -> torch.Tensor:

@@ -36,6 +36,7 @@ from ..engine import RapidEngine
 from ..errors import RapidConfigError
 from ..models import LoadOptions, ensure_default_model, load_model, resolve_dtype
 from ..prompts import prepare_draft_prompt
+from ..retrieval.base import ContextRetriever
 from ..tokens import encode_prompt
 from . import llamacpp
 from .bounds import Device, attach_bounds, read_bytes_per_second, weights_read_bytes, widest_pass
@@ -749,7 +750,11 @@ class _Retrieved:
 
     @classmethod
     def build(
-        cls, engine: RapidEngine, task: Task, needed: bool, retriever: Any = None
+        cls,
+        engine: RapidEngine,
+        task: Task,
+        needed: bool,
+        retriever: ContextRetriever | None = None,
     ) -> _Retrieved:
         if not needed:
             return cls(None, 0.0, None)
