@@ -55,11 +55,12 @@ def cell_phases(cell: tuple[str, str], args: argparse.Namespace, stop_at: float)
         cmd += ["--texts", text, "--kinds", kind, "--tasks", str(args.tasks), *options]
         cmd += ["--dtype", args.dtype, "--no-progress", "--out", str(out)]
         cmd += (["--device", args.device] if args.device else []) + args.bench_args
-        log = (args.out / f"{text}-{kind}-{phase}.log").open("w")
-        try:
-            ending = str(subprocess.run(cmd, stdout=log, stderr=log, timeout=left).returncode)
-        except subprocess.TimeoutExpired:
-            ending = "timeout"
+        with (args.out / f"{text}-{kind}-{phase}.log").open("w") as log:
+            try:
+                code = subprocess.run(cmd, stdout=log, stderr=log, timeout=left).returncode
+                ending = str(code)
+            except subprocess.TimeoutExpired:
+                ending = "timeout"
         done.append(f"{phase}:{ending}")
     return f"{text}-{kind} " + " ".join(done)
 
@@ -85,8 +86,8 @@ def merge(args: argparse.Namespace) -> None:
     if not files:
         sys.exit(f"no {args.phase} results under {args.folder}")
     runs = [json.loads(f.read_text()) for f in files]
-    keep = ("summary", "accuracy_cells", "speed_figures", "records", "schema_version")
-    meta = {k: v for k, v in runs[0].items() if k not in keep}
+    derived = ("summary", "accuracy_cells", "speed_figures", "records", "schema_version")
+    meta = {k: v for k, v in runs[0].items() if k not in derived}  # write_report derives these
     meta["cells"] = [str(f.parent.parent.name) for f in files]
     # A phase stopped at the deadline saved its tasks but not its wall time.
     meta["wall_seconds"] = max(r.get("wall_seconds", 0.0) for r in runs)
