@@ -564,11 +564,11 @@ def _qa_suite(session: _Session, engine: RapidEngine, tasks: list[Task], name: s
         suite = _Suite(name, engine, probe, overrides, share_prefill=share)
         warm_up(engine, methods, probe, settings.gguf())
         for task, followup in zip(tasks, _followups(settings, tasks), strict=True):
-            retrieved = _Retrieved.build(engine, task, any(m.retrieves for m in methods))
+            drafts = _Retrieved.for_methods(engine, task, methods)
             for i, method in enumerate(methods):
                 cold = i == 0 or not suite.share_prefill
-                own = _Retrieved.own(engine, task, method) or retrieved
-                session.run(_Call(suite, method, task, own, cold=cold))
+                retrieved = drafts[_own_retriever(method)]
+                session.run(_Call(suite, method, task, retrieved, cold=cold))
             if followup:
                 # The engine still holds this document's KV from the methods above.
                 retrieved = _Retrieved.build(engine, followup, True)
@@ -770,12 +770,24 @@ class _Retrieved:
         return cls(built.prompt, seconds, found / len(task.facts) if task.facts else None)
 
     @classmethod
-    def own(cls, engine: RapidEngine, task: Task, method: Method) -> _Retrieved | None:
-        """The C^S of a method that names its own retriever (the `off-topic` variant): the
-        draft prompt is passed explicitly, which the engine prefers to a `retriever` option,
-        so the task's shared C^S would silently replace it. None for every other method."""
-        retriever = dict(method.options).get("retriever")
-        return None if retriever is None else cls.build(engine, task, True, retriever)
+    def for_methods(
+        cls, engine: RapidEngine, task: Task, methods: Sequence[Method]
+    ) -> dict[ContextRetriever | None, _Retrieved]:
+        """The task's draft prompts, built once each, by the retriever that builds them: None
+        for the task's own (the engine's default), and each retriever a method names (the
+        `off-topic` variant). The draft prompt is passed explicitly, which the engine prefers
+        to a `retriever` option, so a method must get the C^S of its own retriever here."""
+        drafts: dict[ContextRetriever | None, _Retrieved] = {
+            None: cls.build(engine, task, any(m.retrieves for m in methods))
+        }
+        for retriever in {_own_retriever(m) for m in methods} - {None}:
+            drafts[retriever] = cls.build(engine, task, True, retriever)
+        return drafts
+
+
+def _own_retriever(method: Method) -> ContextRetriever | None:
+    """The retriever a method's options name, None where it reads the task's own C^S."""
+    return cast("ContextRetriever | None", dict(method.options).get("retriever"))
 
 
 def _measure(call: _Call, gguf: Path | None) -> Measurement:
