@@ -67,10 +67,11 @@ class BatchRunner:
 
     With `costs` (a `schedule.BatchCosts`; `Batcher.over` gives one), speculation adapts to
     load (docs/algorithm.md section 14.2): every step is timed into it, and before each draft
-    phase the runner caps every greedy call's gamma at the cap it picks: `cap` is the latest
-    (None: none), `caps` counts the verify steps each cap preceded. A sampled or shaped call
-    (grammar, penalty) drafts as its schedule asks (`BatchSeat.cappable`), and so does every
-    call without costs. Either way each call's output is its `generate` output.
+    phase the runner caps the gamma of every greedy or unseeded call at the cap it picks:
+    `cap` is the latest (None: none), `caps` counts the verify steps each cap preceded. A
+    seeded sampled or a shaped call (grammar, penalty) drafts as its schedule asks
+    (`BatchSeat.cappable`), and so does every call without costs. Either way each call's
+    output is its `generate` output (an unseeded call's: in law).
     """
 
     def __init__(self, engine: RapidEngine, costs: BatchCosts | None = None) -> None:
@@ -168,8 +169,8 @@ class BatchRunner:
         """Cap every call's next draft phase at the cap `costs` picks from each call's gamma
         and acceptance curve (docs/algorithm.md section 14.2)."""
         seats = [c.seat for c in self._calls.values()]
-        # A sampled or shaped call is not capped (`BatchSeat.cappable`); the cap is chosen as
-        # though it were, which only matters in a batch that mixes them with capped calls.
+        # A seeded sampled or a shaped call is not capped (`BatchSeat.cappable`); the cap is
+        # chosen as though it were, which only matters in a batch that mixes them with others.
         wants = [(s.schedule.gamma, s.schedule.costs) if s.schedule else (0, None) for s in seats]
         self.cap = costs.cap(wants)
         self.caps[self.cap] += 1

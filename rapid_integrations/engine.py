@@ -505,8 +505,9 @@ class RapidEngine:
         key, schedule, fresh = self._schedule(plan, stats)
         seat = seat or BatchSeat()
         seat.schedule = schedule if proposer else None
-        # Capped only where the output is the same under any gamma (section 14.2).
-        seat.cappable = cfg.greedy and shaping is None
+        # Capped where no output is promised under one gamma: a greedy call's is the same
+        # under any, an unseeded sampled call's draws were never repeatable (section 14.2).
+        seat.cappable = shaping is None and (cfg.greedy or cfg.seed is None)
         scorer = LogprobScorer(cfg, self._vocabulary_bytes()) if cfg.logprobs else None
         loop = Loop(
             target,

@@ -285,9 +285,10 @@ class BatchSeat:
     schedule: the call's, once it decodes with a proposer (None before, or with none); cap:
     the most drafts its model may pick next (0: a pass without drafts; None: no cap, as alone);
     cappable: whether the batch may cap it. A greedy call is (its output is the same under
-    any gamma), unless a grammar or penalty shapes its logits (a bonus row follows p there);
-    a sampled one is not: a cap keeps its law, not its draws, and it repeats its own
-    `generate` output draw for draw only at its own gamma.
+    any gamma), and so is a sampled call without a seed (a cap keeps its law, and its draws
+    were never to be repeated), unless a grammar or penalty shapes its logits (a bonus row
+    follows p there); a seeded sampled call is not: it repeats its own `generate` output draw
+    for draw only at its own gamma.
     """
 
     schedule: GammaSchedule | None = None

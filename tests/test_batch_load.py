@@ -135,10 +135,10 @@ def test_without_costs_a_runner_never_caps(engines):
     assert max(width for _, _, width in passes[1:]) > len(MIX) * 2  # drafts were read
 
 
-def test_a_sampled_call_is_never_capped_and_keeps_its_draws(engines):
-    """In a batch capped at 0 (compute-bound costs) a sampled call still drafts as its
+def test_a_seeded_sampled_call_is_never_capped_and_keeps_its_draws(engines):
+    """In a batch capped at 0 (compute-bound costs) a seeded sampled call still drafts as its
     schedule asks, and every output, the sampled one's draws included, is the call's own
-    unbatched output."""
+    unbatched output. (An unseeded one is capped: test_engine_distribution.py.)"""
     engine = engines["separate"]
     runner = BatchRunner(engine, known(COMPUTE_BOUND))
     sampled = ("ab " * 13 + "l", "ab", {"gamma": 6, "temperature": 1.0, "seed": 3})

@@ -8,16 +8,21 @@ eta > 0 come from the numpy oracle of `tests/oracle.py`, which shares no code wi
 
 from __future__ import annotations
 
+import itertools
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
 
-from rapid_integrations import RapidConfig, RapidEngine
+from rapid_integrations import BatchRunner, RapidConfig, RapidEngine
+from rapid_integrations import engine as engine_module
 from rapid_integrations.drafting import ModelProposer
 from rapid_integrations.kv import KVState, direct
 from tests import oracle
-from tests.seeded import position_counts
+from tests.seeded import BATCH, position_counts
+from tests.test_batch_load import COMPUTE_BOUND, known, run_traced
 from tests.tiny import next_token_probs
 
 PROMPT, DRAFT_PROMPT = "kab", "ab"
@@ -138,6 +143,38 @@ def test_eta_positive_at_temperature_and_top_p_follows_the_oracle(engine, target
     counts = far_tokens(engine, temperature=1.3, top_p=0.8)[0]
     assert counts[p == 0].sum() == 0  # nothing outside the target's nucleus
     assert_follows(counts, law)
+
+
+def test_unseeded_calls_capped_in_a_busy_batch_follow_the_oracle(
+    engine, target, draft, tok, monkeypatch
+):
+    """Section 14.2: a compute-bound batch (known costs) caps its unseeded sampled calls at 0,
+    so every pass under the cap reads one token a call, and their first two tokens still
+    follow the eta > 0 law (a cap is a gamma; the law holds at any). The seeds the engine
+    draws for unseeded calls come from a fixed sequence here, so the test is deterministic."""
+    seeds = itertools.count(10_000)
+    fixed = SimpleNamespace(randrange=lambda _n: next(seeds))
+    monkeypatch.setattr(engine_module, "random", SimpleNamespace(SystemRandom=lambda: fixed))
+    options = {"gamma": 3, "eta": FAR_ETA, "max_new_tokens": 4, "ignore_eos": True}
+    call = (FAR_PROMPT, FAR_DRAFT_PROMPT, options)
+    counts = np.zeros((2, len(tok)))
+    for _ in range(N // BATCH):
+        runner = BatchRunner(engine, known(COMPUTE_BOUND))
+        outputs, passes = run_traced(engine, runner, [call] * BATCH)
+        capped = [(n, width) for cap, n, width in passes if cap == 0]
+        assert capped and all(width == n for n, width in capped)  # no drafts under the cap
+        for ids in outputs:
+            counts[0, ids[0]] += 1
+            counts[1, ids[1]] += 1
+    rules = oracle.Rules(FAR_ETA)
+    first, _ = oracle_law(target, draft, tok, [], rules)
+    second = sum(
+        first[a] * oracle_law(target, draft, tok, [a], rules)[0]
+        for a in range(len(tok))
+        if first[a] > 0
+    )
+    assert_follows(counts[0], first)
+    assert_follows(counts[1], second)
 
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.8), (1.6, 0.9), (0.0, 0.8)])
