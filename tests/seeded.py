@@ -45,8 +45,16 @@ def position_counts(
 ) -> np.ndarray:
     """Counts [positions, V] of the token emitted at each of the first `positions` places over
     seeds 0 .. n-1."""
-    counts = np.zeros((positions, len(engine.tokenizer)))
-    for token_ids in seeded_token_ids(engine, prompts, n, **overrides):
+    return counted(
+        seeded_token_ids(engine, prompts, n, **overrides), len(engine.tokenizer), positions
+    )
+
+
+def counted(emitted: list[list[int]], vocab: int, positions: int = 2) -> np.ndarray:
+    """Counts [positions, vocab] of the token each output of `emitted` has at each of its
+    first `positions` places."""
+    counts = np.zeros((positions, vocab))
+    for token_ids in emitted:
         for position in range(positions):
             counts[position, token_ids[position]] += 1
     return counts

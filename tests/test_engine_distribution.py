@@ -21,7 +21,7 @@ from rapid_integrations import engine as engine_module
 from rapid_integrations.drafting import ModelProposer
 from rapid_integrations.kv import KVState, direct
 from tests import oracle
-from tests.seeded import BATCH, position_counts
+from tests.seeded import BATCH, counted, position_counts
 from tests.test_batch_load import COMPUTE_BOUND, known, run_traced
 from tests.tiny import next_token_probs
 
@@ -30,6 +30,7 @@ PROMPT, DRAFT_PROMPT = "kab", "ab"
 # variation) under either residual and tail guard; on PROMPT at eta = 3 it is 0.009, too close
 # to tell apart.
 FAR_PROMPT, FAR_DRAFT_PROMPT, FAR_ETA = "cab d", "d", 8.0
+FAR_OPTIONS = {"gamma": 3, "max_new_tokens": 4, "eta": FAR_ETA}
 N = 1200
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -106,31 +107,28 @@ def oracle_law(target, draft, tok, prefix: list[int], rules: oracle.Rules) -> np
 
 def far_tokens(engine: RapidEngine, **overrides) -> np.ndarray:
     """Counts [2, V] of the first two tokens on the far prompt, gamma 3, eta FAR_ETA."""
-    prompts = (FAR_PROMPT, FAR_DRAFT_PROMPT)
-    return first_tokens(
-        engine,
-        prompts=prompts,
-        gamma=3,
-        max_new_tokens=4,
-        eta=FAR_ETA,
-        **overrides,
+    return first_tokens(engine, prompts=(FAR_PROMPT, FAR_DRAFT_PROMPT), **FAR_OPTIONS, **overrides)
+
+
+def second_token_law(target, draft, tok, first: np.ndarray, rules: oracle.Rules) -> np.ndarray:
+    """The marginal law [V] of the second token, given the first's law `first`: gamma = 3 emits
+    it at a drafted position (a verified draft, or the first draft of the next step after a
+    rejection), so given token 1 = a it follows the one-token law at prefix [a]."""
+    return sum(
+        first[a] * oracle_law(target, draft, tok, [a], rules)[0]
+        for a in range(len(tok))
+        if first[a] > 0
     )
 
 
 @pytest.mark.parametrize("rule", ["paper", "exact"])
 @pytest.mark.parametrize("guard", ["paper", "draft"])
 def test_eta_positive_first_two_tokens_follow_the_oracle(engine, target, draft, tok, rule, guard):
-    """Token 1 follows the one-token law. gamma = 3: token 2 is always emitted at a drafted
-    position (a verified draft, or the first draft of the next step after a rejection), so given
-    token 1 = a it follows the one-token law at prefix [a]: its marginal is sum_a P1(a) P2(. | a)."""
+    """Token 1 follows the one-token law, token 2 its marginal (`second_token_law`)."""
     rules = oracle.Rules(FAR_ETA, residual=rule, tail_guard=guard)
     first, p = oracle_law(target, draft, tok, [], rules)
     assert oracle.total_variation(first[None], p[None])[0] > 0.2  # far from p: a real test
-    second = sum(
-        first[a] * oracle_law(target, draft, tok, [a], rules)[0]
-        for a in range(len(tok))
-        if first[a] > 0
-    )
+    second = second_token_law(target, draft, tok, first, rules)
     counts = far_tokens(engine, residual=rule, tail_guard=guard)
     assert_follows(counts[0], first)
     assert_follows(counts[1], second)
@@ -155,26 +153,19 @@ def test_unseeded_calls_capped_in_a_busy_batch_follow_the_oracle(
     seeds = itertools.count(10_000)
     fixed = SimpleNamespace(randrange=lambda _n: next(seeds))
     monkeypatch.setattr(engine_module, "random", SimpleNamespace(SystemRandom=lambda: fixed))
-    options = {"gamma": 3, "eta": FAR_ETA, "max_new_tokens": 4, "ignore_eos": True}
-    call = (FAR_PROMPT, FAR_DRAFT_PROMPT, options)
-    counts = np.zeros((2, len(tok)))
+    call = (FAR_PROMPT, FAR_DRAFT_PROMPT, {**FAR_OPTIONS, "ignore_eos": True})
+    emitted = []
     for _ in range(N // BATCH):
         runner = BatchRunner(engine, known(COMPUTE_BOUND))
         outputs, passes = run_traced(engine, runner, [call] * BATCH)
         capped = [(n, width) for cap, n, width in passes if cap == 0]
         assert capped and all(width == n for n, width in capped)  # no drafts under the cap
-        for ids in outputs:
-            counts[0, ids[0]] += 1
-            counts[1, ids[1]] += 1
+        emitted += outputs
+    counts = counted(emitted, len(tok))
     rules = oracle.Rules(FAR_ETA)
     first, _ = oracle_law(target, draft, tok, [], rules)
-    second = sum(
-        first[a] * oracle_law(target, draft, tok, [a], rules)[0]
-        for a in range(len(tok))
-        if first[a] > 0
-    )
     assert_follows(counts[0], first)
-    assert_follows(counts[1], second)
+    assert_follows(counts[1], second_token_law(target, draft, tok, first, rules))
 
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.8), (1.6, 0.9), (0.0, 0.8)])
