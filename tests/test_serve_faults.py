@@ -7,16 +7,21 @@ requests overlap), in this process, so that the engine's KV caches can be watche
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import openai
 import pytest
 
+from rapid_integrations.serve.app import _Run
+from rapid_integrations.serve.errors import ServeError
+from rapid_integrations.serve.scheduler import SequenceQueue
 from tests.hardening import patched_forward, slow_down, track_caches
 from tests.serve_fixtures import MODEL, live_server, metric, metrics_of, wait_until
 
@@ -163,3 +168,45 @@ def test_graceful_shutdown_finishes_the_request_in_flight(served_model_dir: Path
         assert not server.thread.is_alive()
         with pytest.raises(httpx.ConnectError):
             httpx.get(server.url + "/health")
+
+
+# A client that goes away cancels its handler. Where the cancel lands in the same event-loop
+# tick as the step it waited for completes, `asyncio.wait_for` (Python < 3.12) returned the
+# step's result and dropped the cancel: the request then decoded to its end for nobody
+# (a CI run saw it: 188 passes of 200). Both waits with a deadline must let the cancel through.
+
+
+async def test_a_cancel_that_lands_as_an_engine_event_arrives_is_not_lost() -> None:
+    settings = SimpleNamespace(request_timeout=60.0)
+    run = _Run(cast(Any, SimpleNamespace(settings=settings)), cast(Any, None), time.perf_counter())
+    event: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.ensure_future(run.within_deadline(event))
+    await asyncio.sleep(0)  # it waits for the event
+    event.set_result("delta")
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+
+
+async def test_a_cancel_that_lands_as_a_slot_frees_is_not_lost_nor_holds_the_slot() -> None:
+    queue = SequenceQueue(max_running=1, max_waiting=4)
+    held = await queue.enter(60)
+    waiting = asyncio.ensure_future(queue.enter(60))
+    await asyncio.sleep(0)  # it waits for the slot
+    held.release()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert (queue.running, queue.waiting) == (0, 0)
+    (await asyncio.wait_for(queue.enter(60), 1)).release()  # the slot is free
+
+
+async def test_a_wait_for_a_slot_past_its_deadline_is_a_504_and_gives_back_what_it_took() -> None:
+    queue = SequenceQueue(max_running=2, max_waiting=4)
+    held = await queue.enter(60)
+    with pytest.raises(ServeError) as refused:
+        await queue.enter(0.05, slots=2)  # takes one slot, waits for the other
+    assert refused.value.status == 504
+    assert (queue.running, queue.waiting) == (1, 0)
+    held.release()
+    (await asyncio.wait_for(queue.enter(60, slots=2), 1)).release()

@@ -29,6 +29,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
+import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -244,9 +245,13 @@ class _Run:
         return max(0.0, self.deadline - time.perf_counter())
 
     async def within_deadline(self, step: Awaitable[_T]) -> _T:
+        # anyio's deadline, not `asyncio.wait_for`: before Python 3.12, wait_for swallows a
+        # cancellation (the client went away) that lands as `step` completes, and the request
+        # then decoded to its end for nobody.
         try:
-            return await asyncio.wait_for(step, self.seconds_left())
-        except asyncio.TimeoutError:
+            with anyio.fail_after(self.seconds_left()):
+                return await step
+        except TimeoutError:
             raise classify(TimeoutError()) from None
 
     def start(self, events: AsyncGenerator[Any, None], lease: Lease) -> None:

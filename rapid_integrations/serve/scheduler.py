@@ -12,6 +12,8 @@ import asyncio
 import math
 from collections.abc import Callable
 
+import anyio
+
 from .errors import ServeError, timed_out
 
 RETRY_AFTER_BOUNDS = (1, 60)
@@ -70,8 +72,9 @@ class SequenceQueue:
             )
         self._count(waiting=+1)
         try:
-            await asyncio.wait_for(self._take(slots), timeout)
-        except asyncio.TimeoutError:
+            with anyio.fail_after(timeout):  # not wait_for: see `_Run.within_deadline`
+                await self._take(slots)
+        except TimeoutError:
             raise timed_out() from None
         finally:
             self._count(waiting=-1)
