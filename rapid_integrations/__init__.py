@@ -24,10 +24,8 @@ from .errors import (
 )
 from .outputs import CallFragment, Delta, RapidOutput, RapidStats, RapidStream
 from .quiet import install as _quiet_start
-from .threads import prefer_passive_wait
 from .tools import ToolCall
 
-prefer_passive_wait()  # before torch loads: OpenMP reads it once (threads.py)
 _quiet_start()  # third-party warnings off stderr unless asked for (quiet.py)
 
 if TYPE_CHECKING:

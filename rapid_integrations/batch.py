@@ -39,6 +39,7 @@ from .errors import RapidConfigError
 from .kv import Feed, Forwards, feed_packed, new_cache, packing_refusal
 from .outputs import Delta, RapidOutput
 from .schedule import BatchCosts, BatchSeat
+from .threads import follow_load
 from .tokens import Prompt
 
 if TYPE_CHECKING:
@@ -122,6 +123,7 @@ class BatchRunner:
         Before a verify pass, whose logits start the calls' next draft phases, the cap on
         their gamma is set (docs/algorithm.md section 14.2); the step's seconds, settle phases
         included (where the device is waited for), go to `costs`."""
+        follow_load()  # threads.py: fewer threads while other processes are busy
         start = time.perf_counter()
         waiting = {i: c.feed for i, c in self._calls.items() if c.feed is not None}
         drafting = {i: f for i, f in waiting.items() if f.draft}

@@ -53,7 +53,7 @@ from .prefix_cache import PrefixCache
 from .schedule import BatchSeat, GammaSchedule
 from .schedule_memory import ScheduleMemory, schedule_key
 from .sections import Gate, Sections, is_empty
-from .threads import configure_torch_threads
+from .threads import configure_torch_threads, follow_load
 from .tokens import Prompt, encode_prompt, is_chat, stop_token_ids
 from .tools import Tools, prepare_messages
 from .verify import verdict
@@ -277,7 +277,7 @@ class RapidEngine:
             draft_model_kwargs=draft_model_kwargs,
             tokenizer_kwargs=tokenizer_kwargs,
         )
-        configure_torch_threads()  # once per engine: torch's count is process-wide (threads.py)
+        configure_torch_threads()  # then followed as the load changes (threads.py)
         if tokenizer_kwargs and not (
             tokenizer is None
             or any(isinstance(t, (str, os.PathLike)) for t in (tokenizer, draft_tokenizer))
@@ -452,6 +452,7 @@ class RapidEngine:
             feed = next(steps)
             while True:
                 yield from _released(deltas)
+                follow_load()  # threads.py: fewer threads while other processes are busy
                 feed = steps.send(feed.state.feed(feed.tokens, feed.keep))
         except StopIteration as done:
             yield from _released(deltas)

@@ -2,24 +2,32 @@
 
 torch's OpenMP threads wait for each other at every operation; on a core shared with another
 busy process, a waiting thread that spins steals the time the thread it waits for needs, and
-decoding collapses (docs/performance.md, "On a busy machine"). Two measures:
+decoding collapses (docs/performance.md, "On a busy machine"). So the engine never runs more
+threads than there are CPUs nobody else keeps busy, and keeps checking while it decodes:
 
-* `prefer_passive_wait()` sets `OMP_WAIT_POLICY=PASSIVE` (waiting threads sleep) when the
-  package is imported, with `setdefault`: a user's value is kept. OpenMP reads it once, when
-  torch loads, so it only helps where `rapid_integrations` is imported before torch.
 * `configure_torch_threads()` runs once per engine build and sets torch's intra-op thread
-  count to the usable CPUs minus those other processes keep busy (at least 1). Busy is
-  sampled from /proc/stat over `SAMPLE_SECONDS`, not read from the 1-minute load average:
-  that average lags, so an engine built within a minute after another heavy process ended
-  took the whole machine for busy and decoded on 1 thread of 2. The load average remains
-  where /proc/stat is missing.
-  `RAPID_NUM_THREADS` (a positive integer, or "auto" for the rule) replaces the pick. A
-  user's own setting is never changed: OMP_NUM_THREADS or MKL_NUM_THREADS set, or a torch
-  thread count that is neither torch's default nor the count set here last.
+  count to the usable CPUs (affinity, cgroup quota) minus those other processes keep busy
+  (at least 1). Busy is sampled from /proc/stat over `SAMPLE_SECONDS`, not read from the
+  1-minute load average: that average lags, so an engine built within a minute after another
+  heavy process ended took the whole machine for busy and decoded on 1 thread of 2. The load
+  average remains where /proc/stat is missing.
+* `follow_load()` runs at every pass (a call alone) and every batch step (the batcher's
+  thread). At most every `REPICK_SECONDS` per decoding thread it re-reads /proc/stat and sets
+  that thread's count to the CPUs other processes left free over the time since the last
+  reading, shared among the threads of this process decoding at the time. A competitor that
+  starts mid-call costs at most `REPICK_SECONDS` of spinning; one that stops gives the CPUs
+  back as fast. torch's count is per calling thread in OpenMP (`omp_set_num_threads` sets
+  the caller's own value), so the change reaches the decoding thread's next pass only.
+  A count that changes mid-call may change float sums' order, as any other thread count does.
+* OpenMP's wait is left as it is (torch's default spins a while, then sleeps): the passive
+  wait `OMP_WAIT_POLICY=PASSIVE` that this module once set cost solo decoding 14-26%
+  (many small operations each paid a wake-up), and with no more threads than free CPUs a
+  spinning thread has a core of its own.
 
-The count is not re-checked per generate call: `torch.set_num_threads` is process-wide, so a
-change between calls would reach every model and every concurrent call of the process (a
-server's worker threads) mid-step; a count chosen once per engine is predictable.
+`RAPID_NUM_THREADS` (a positive integer, or "auto" for the rule) replaces the pick; a number
+is kept for good (not followed). A user's own setting is never changed: OMP_NUM_THREADS or
+MKL_NUM_THREADS set, or a torch thread count that is neither torch's default nor the count
+set here last.
 
 Imports no torch at module top (the package imports this module before torch loads).
 """
@@ -29,9 +37,9 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,18 +55,14 @@ CGROUP = Path("/sys/fs/cgroup")
 STAT = Path("/proc/stat")
 SAMPLE_SECONDS = 0.1
 """How long the CPUs' use is sampled when an engine is built: 10 ticks of a 100 Hz clock."""
+REPICK_SECONDS = 0.5
+"""How often a decoding thread re-picks its count (`follow_load`): 50 ticks of a 100 Hz clock
+per CPU, and a pass or two of decoding on a competitor's core."""
 LOAD_SECONDS = 60.0
 """Time constant of the 1-minute load average (its exponential decay)."""
 
 _applied: int | None = None
-"""The count `configure_torch_threads` set last (to tell it from a user's)."""
-
-
-def prefer_passive_wait(environ: os._Environ[str] | dict[str, str] = os.environ) -> None:
-    """`OMP_WAIT_POLICY=PASSIVE` unless already set; called at package import."""
-    environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if "torch" in sys.modules:
-        log.debug("torch was imported before rapid_integrations: OMP_WAIT_POLICY comes too late")
+"""The count `configure_torch_threads` or `follow_load` set last (to tell it from a user's)."""
 
 
 def cgroup_cpus(root: Path = CGROUP) -> float | None:
@@ -142,12 +146,13 @@ class ThreadChoice:
 def configure_torch_threads(environ: Mapping[str, str] = os.environ) -> ThreadChoice:
     """Set torch's intra-op threads for an engine (module docstring); a bad `RAPID_NUM_THREADS`
     raises `RapidConfigError` even where a user setting wins."""
-    global _applied
+    global _applied, _follower
     import torch
 
     asked = env_threads(environ)
     current = torch.get_num_threads()
     explicit = [name for name in TORCH_ENV if environ.get(name)]
+    _follower = None
     if explicit or current not in (torch_default_threads(), _applied):
         why = f"{' and '.join(explicit)} set" if explicit else "torch.set_num_threads was called"
         return _log(ThreadChoice(current, f"left alone: {why}", False))
@@ -155,6 +160,7 @@ def configure_torch_threads(environ: Mapping[str, str] = os.environ) -> ThreadCh
         threads, reason = asked, f"{ENV}={asked}"
     else:
         threads, reason = _auto_pick()
+        _follower = LoadFollower(usable_cpus(), os.cpu_count() or 1, threads)
     torch.set_num_threads(threads)
     _applied = threads
     return _log(ThreadChoice(threads, reason, threads != current))
@@ -180,13 +186,107 @@ def _auto_pick() -> tuple[int, str]:
 
 def _sample_busy(online: int) -> float | None:
     """CPUs other processes use over the next `SAMPLE_SECONDS`; None without /proc/stat."""
+    before = read_cpus()
+    time.sleep(SAMPLE_SECONDS)
+    after = read_cpus()
+    return None if before is None or after is None else after.busy_since(before, online)
+
+
+@dataclass(frozen=True)
+class CpuReading:
+    """The machine's CPU ticks and this process's own CPU time, at one moment."""
+
+    at: float  # time.monotonic(), seconds
+    ticks: tuple[int, int]  # `machine_ticks`: (busy, total)
+    own_seconds: float  # this process's user + system CPU time
+
+    def busy_since(self, before: CpuReading, online: int) -> float:
+        """CPUs other processes kept busy between `before` and this reading."""
+        seconds = self.at - before.at
+        own = (self.own_seconds - before.own_seconds) / seconds if seconds > 0 else 0.0
+        return busy_between(before.ticks, self.ticks, own, online)
+
+
+def read_cpus() -> CpuReading | None:
+    """A `CpuReading` now; None without /proc/stat."""
     try:
-        before, own = machine_ticks(STAT.read_text()), sum(os.times()[:2])
-        time.sleep(SAMPLE_SECONDS)
-        after, own = machine_ticks(STAT.read_text()), sum(os.times()[:2]) - own
+        ticks = machine_ticks(STAT.read_text())
     except (OSError, ValueError, IndexError):
         return None
-    return busy_between(before, after, own / SAMPLE_SECONDS, online)
+    return CpuReading(time.monotonic(), ticks, sum(os.times()[:2]))
+
+
+class LoadFollower:
+    """The decoding threads' counts, re-picked from the load as they decode (module
+    docstring): the CPUs other processes left free since the last reading, shared among
+    the threads of this process that picked within `ACTIVE_SECONDS`."""
+
+    ACTIVE_SECONDS = 4 * REPICK_SECONDS
+    """A thread that picked this recently is still decoding (a long prefill pass included)."""
+
+    def __init__(
+        self,
+        usable: int,
+        online: int,
+        free: int,
+        read: Callable[[], CpuReading | None] = read_cpus,
+    ) -> None:
+        """`free`: the CPUs picked at the engine's build, until the first interval is measured."""
+        self.usable, self.online, self._read = usable, online, read
+        self.default = torch_default_threads()  # a count still ours (`follow_load`)
+        self._lock = threading.Lock()
+        self._last = read()
+        self._free = free  # CPUs left free over the last interval measured
+        self._picked: dict[int, float] = {}  # decoding thread id -> when it last picked
+
+    def due(self, thread: int, now: float) -> int | None:
+        """`thread`'s count, where its re-pick is due at `now` (monotonic seconds); else
+        None (the fast path of every pass)."""
+        with self._lock:
+            last = self._picked.get(thread)
+            if last is not None and now - last < REPICK_SECONDS:
+                return None
+            self._picked[thread] = now
+            self._picked = {
+                t: at for t, at in self._picked.items() if now - at <= self.ACTIVE_SECONDS
+            }
+            self._measure(now)
+            return max(1, self._free // len(self._picked))
+
+    def _measure(self, now: float) -> None:
+        if self._last is not None and now - self._last.at < REPICK_SECONDS:
+            return  # another thread measured just now
+        reading = self._read()
+        if reading is None or self._last is None:
+            self._last = reading
+            return
+        busy = reading.busy_since(self._last, self.online)
+        self._free = pick_threads(self.usable, busy_cpus(busy, 0.0, self.usable, self.online))
+        self._last = reading
+
+
+_follower: LoadFollower | None = None
+"""Set by `configure_torch_threads` where it picked by load; None: counts stay as they are."""
+_thread_applied = threading.local()  # .count: what `follow_load` set in this thread last
+
+
+def follow_load() -> None:
+    """At a pass or step boundary of a decoding thread: re-pick its count (module docstring).
+    A count the user set in this thread meanwhile is left alone."""
+    global _applied
+    follower = _follower
+    if follower is None:
+        return
+    count = follower.due(threading.get_ident(), time.monotonic())
+    if count is None:
+        return
+    import torch
+
+    current = torch.get_num_threads()
+    ours = (_applied, getattr(_thread_applied, "count", None), follower.default)
+    if current != count and current in ours:
+        torch.set_num_threads(count)
+        _thread_applied.count = _applied = count
 
 
 def _process_age() -> float:

@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -71,6 +72,8 @@ def test_env_values():
 def restore_threads(monkeypatch):
     before = torch.get_num_threads()
     monkeypatch.setattr(threads, "_applied", None)
+    monkeypatch.setattr(threads, "_follower", None)
+    monkeypatch.setattr(threads, "_thread_applied", threading.local())
     monkeypatch.setattr(threads, "torch_default_threads", lambda: before)
     yield before
     torch.set_num_threads(before)
@@ -114,7 +117,8 @@ def test_auto_pick_reads_the_cpus_now_not_the_lagging_load(restore_threads, monk
     monkeypatch.setattr(threads, "usable_cpus", lambda: 2)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(os, "getloadavg", lambda: (1.9, 1.0, 0.5))
-    readings = iter([(0, 0, 800, 0), (0, 0, 1000, 0)])  # 200 idle ticks: nothing busy now
+    # 200 idle ticks: nothing busy now; the third reading starts the load follower's interval.
+    readings = iter([(0, 0, 800, 0), (0, 0, 1000, 0), (0, 0, 1000, 0)])
 
     def read_text(self):
         user, system, idle, iowait = next(readings)
@@ -153,9 +157,95 @@ def _wait_policy(env):
     return out.stdout.split()
 
 
-def test_import_prefers_passive_wait_before_torch_loads():
-    assert _wait_policy({"OMP_WAIT_POLICY": None}) == ["PASSIVE", "False"]
-    assert _wait_policy({"OMP_WAIT_POLICY": "ACTIVE"}) == ["ACTIVE", "False"]
+def test_import_leaves_openmps_wait_alone():
+    """The passive wait cost solo decoding 14-26% (threads.py); the counts keep spinning
+    threads off busy cores instead."""
+    assert _wait_policy({"OMP_WAIT_POLICY": None}) == ["None", "False"]
+    assert _wait_policy({"OMP_WAIT_POLICY": "PASSIVE"}) == ["PASSIVE", "False"]
+
+
+class FakeCpus:
+    """/proc/stat and our CPU time as a test drives them: `run(seconds, others, ours)` passes
+    `seconds` with `others` CPUs kept busy by other processes and `ours` by this one."""
+
+    def __init__(self, online: int) -> None:
+        self.online, self.at, self.busy, self.total, self.own = online, 0.0, 0, 0, 0.0
+
+    def run(self, seconds: float, others: float, ours: float) -> float:
+        ticks = round(100 * seconds)  # per CPU, at 100 Hz
+        self.at += seconds
+        self.busy += round(ticks * (others + ours))
+        self.total += ticks * self.online
+        self.own += seconds * ours
+        return self.at
+
+    def read(self) -> threads.CpuReading:
+        return threads.CpuReading(self.at, (self.busy, self.total), self.own)
+
+
+def test_the_follower_gives_a_decoding_thread_the_cpus_others_left_free():
+    cpus = FakeCpus(online=2)
+    follower = threads.LoadFollower(usable=2, online=2, free=2, read=cpus.read)
+    assert follower.due(thread=1, now=cpus.at) == 2  # the build's pick, until measured
+    # A competitor starts: our 2 threads and it share 2 CPUs (2/3 of one each).
+    now = cpus.run(0.3, others=0.67, ours=1.33)
+    assert follower.due(1, now) is None  # not due within REPICK_SECONDS: the pass goes on
+    now = cpus.run(0.3, others=0.67, ours=1.33)
+    assert follower.due(1, now) == 1
+    now = cpus.run(0.6, others=1.0, ours=1.0)  # on one thread, beside it
+    assert follower.due(1, now) == 1
+    now = cpus.run(0.6, others=0.0, ours=1.0)  # it stopped: both CPUs again
+    assert follower.due(1, now) == 2
+
+
+def test_the_follower_shares_the_free_cpus_among_our_decoding_threads():
+    cpus = FakeCpus(online=4)
+    follower = threads.LoadFollower(usable=4, online=4, free=4, read=cpus.read)
+    assert follower.due(thread=1, now=cpus.at) == 4
+    now = cpus.run(0.6, others=1.0, ours=3.0)
+    assert follower.due(2, now) == 1  # 3 free CPUs, 2 threads decoding
+    assert follower.due(1, now) == 1
+    now = cpus.run(0.6, others=0.0, ours=2.0)
+    assert follower.due(1, now) == 2
+    now = cpus.run(threads.LoadFollower.ACTIVE_SECONDS, others=0.0, ours=2.0)
+    assert follower.due(1, now) == 4  # thread 2 has not decoded since: it finished
+
+
+def test_the_follower_ignores_our_own_cpu_use_and_a_missing_proc_stat():
+    cpus = FakeCpus(online=2)
+    follower = threads.LoadFollower(usable=2, online=2, free=1, read=cpus.read)
+    now = cpus.run(0.6, others=0.0, ours=2.0)  # our own threads alone
+    assert follower.due(1, now) == 2
+    blind = threads.LoadFollower(usable=2, online=2, free=1, read=lambda: None)
+    assert blind.due(1, 0.0) == blind.due(1, 10.0) == 1  # the build's pick stays
+
+
+def test_follow_load_sets_the_decoding_threads_count_and_leaves_a_users_alone(
+    restore_threads, monkeypatch
+):
+    cpus = FakeCpus(online=2)
+    follower = threads.LoadFollower(usable=2, online=2, free=2, read=cpus.read)
+    monkeypatch.setattr(threads, "_follower", follower)
+    monkeypatch.setattr(threads.time, "monotonic", lambda: cpus.at)
+    torch.set_num_threads(2)
+    follower.default = 2
+    cpus.run(0.6, others=1.0, ours=1.0)
+    threads.follow_load()
+    assert torch.get_num_threads() == 1
+    cpus.run(0.6, others=0.0, ours=1.0)
+    threads.follow_load()
+    assert torch.get_num_threads() == 2
+    torch.set_num_threads(3)  # the user's own count, set meanwhile
+    cpus.run(0.6, others=1.0, ours=1.0)
+    threads.follow_load()
+    assert torch.get_num_threads() == 3
+
+
+def test_an_engine_built_with_a_fixed_count_is_not_followed(restore_threads):
+    threads.configure_torch_threads({"RAPID_NUM_THREADS": "1"})
+    assert threads._follower is None
+    threads.configure_torch_threads({})
+    assert threads._follower is not None
 
 
 def test_contention_summary_arithmetic():
@@ -177,9 +267,14 @@ def test_contention_summary_arithmetic():
         rec("managed", "solo", "lc", 100, 10.5),
         rec("managed", "busy", "lc", 60, 10.0),
         rec("managed", "busy", "lc", 40, 10.0),  # pooled: 100 tokens in 20 s
+        rec("managed", "late", "lc", 100, 25.0),
     ]
     fixed, managed = summary(records)
     assert fixed["policy"] == "fixed" and fixed["busy_over_solo"] == pytest.approx(0.2)
+    assert fixed["late_over_solo"] is None  # not run
     assert managed["busy_over_solo"] == pytest.approx(5.0 / (100 / 10.5))
+    assert managed["late_over_solo"] == pytest.approx(4.0 / (100 / 10.5))
     assert managed["solo_over_fixed_solo"] == pytest.approx(10 / 10.5)
-    assert "| 4096 | lc | managed | 9.5 | 5.0 | 0.53 | 0.95 |" in markdown([fixed, managed])
+    table = markdown([fixed, managed])
+    assert "| 4096 | lc | managed | 9.5 | 5.0 | 4.0 | 0.53 | 0.42 | 0.95 |" in table
+    assert "| 4096 | lc | fixed | 10.0 | 2.0 | – | 0.20 | – | 1.00 |" in table

@@ -3,12 +3,13 @@
 
 lc and rapid decode `speed_tokens` tokens of one single-fact task per length, solo and beside
 a competitor (a spawned process running a pure-Python loop, started before and terminated
-after the runs it contends with), under two policies, each in a fresh process because OpenMP
-reads its wait policy once, when torch loads:
-  fixed    torch imported first (OpenMP's default wait), threads = every usable CPU
-  managed  rapid_integrations imported first (threads.py: passive wait, threads by load)
+after the runs it contends with), under two policies, each in a fresh process:
+  fixed    torch imported first, threads = every usable CPU (torch's own behaviour)
+  managed  rapid_integrations imported first (threads.py: threads by load, followed per pass)
 An engine built beside the competitor is built after the load average shows it, as a user's
-would be. Order: managed solo (a quiet machine), fixed solo, fixed busy, managed busy.
+would be. In the last phase ("late") the competitor starts after the managed engine was built
+on a quiet machine and warmed: the threads it picked then must follow the load.
+Order: managed solo (a quiet machine), fixed solo, fixed busy, managed busy, managed late.
 """
 
 from __future__ import annotations
@@ -32,7 +33,17 @@ from .tables import _fmt, _table
 
 LENGTHS = (4096,)
 METHODS: tuple[Mode, ...] = ("lc", "rapid")
-PHASES = (("managed", "solo"), ("fixed", "solo"), ("fixed", "busy"), ("managed", "busy"))
+PHASES = (
+    ("managed", "solo"),
+    ("fixed", "solo"),
+    ("fixed", "busy"),
+    ("managed", "busy"),
+    ("managed", "late"),
+)
+LOADS = ("solo", "busy", "late")
+"""Phases' loads: none, a competitor from before the engine's build, one from after it."""
+START_SECONDS = 1.0
+"""How long a late competitor is given to start (a spawned interpreter) before the runs."""
 RAMP_SECONDS = 180.0
 """Longest wait for the 1-minute load average to show the competitor (about 45 s)."""
 _CHILD = "from rapid_integrations.bench.contention import child_main; child_main()"
@@ -112,6 +123,22 @@ def child_main() -> None:
     engine, dtype = _qa_engine(settings, device)[:2]
     tasks = build_tasks(engine.tokenizer, ("single",), lengths, 1, settings.seed)
     engine.generate(tasks[0].messages[-1:], mode="rapid", max_new_tokens=4)  # warm
+    competitor = _start_competitor() if load == "late" else None
+    try:
+        time.sleep(START_SECONDS if competitor else 0.0)
+        records = _time_methods(engine, tasks, settings, policy, load, str(dtype))
+    finally:
+        if competitor is not None:
+            competitor.terminate()
+            competitor.join()
+    job.with_suffix(".json").write_text(json.dumps(records))
+
+
+def _time_methods(
+    engine: Any, tasks: Sequence[Any], settings: Any, policy: str, load: str, dtype: str
+) -> list[dict[str, Any]]:
+    import torch
+
     records = []
     for round_ in range(1, settings.rounds + 1):
         for task in tasks:
@@ -136,14 +163,11 @@ def child_main() -> None:
                         "new_tokens": s.new_tokens,
                         "decode_seconds": s.decode_seconds,
                         "torch_threads": torch.get_num_threads(),
-                        # What OpenMP read when torch loaded (fixed: before the package set it).
-                        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")
-                        if policy == "managed"
-                        else "default",
-                        "dtype": str(dtype).removeprefix("torch."),
+                        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+                        "dtype": dtype.removeprefix("torch."),
                     }
                 )
-    job.with_suffix(".json").write_text(json.dumps(records))
+    return records
 
 
 def _rate(records: Sequence[dict[str, Any]], **match: Any) -> float | None:
@@ -158,23 +182,21 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def summary(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (length, method, policy): solo and busy tok/s, busy / solo, and solo against
-    the fixed policy's solo."""
+    """Per (length, method, policy): tok/s under each load of `LOADS` (None where not run),
+    each loaded one over solo, and solo against the fixed policy's solo."""
     rows = []
     keys = sorted({(r["context_label"], r["method"], r["policy"]) for r in records})
     for length, method, policy in keys:
         at = {"context_label": length, "method": method}
-        solo = _rate(records, **at, policy=policy, load="solo")
-        busy = _rate(records, **at, policy=policy, load="busy")
+        rates = {load: _rate(records, **at, policy=policy, load=load) for load in LOADS}
         fixed = _rate(records, **at, policy="fixed", load="solo")
         rows.append(
             {
                 **at,
                 "policy": policy,
-                "solo_tokens_per_second": solo,
-                "busy_tokens_per_second": busy,
-                "busy_over_solo": _ratio(busy, solo),
-                "solo_over_fixed_solo": _ratio(solo, fixed),
+                **{f"{load}_tokens_per_second": rate for load, rate in rates.items()},
+                **{f"{load}_over_solo": _ratio(rates[load], rates["solo"]) for load in LOADS[1:]},
+                "solo_over_fixed_solo": _ratio(rates["solo"], fixed),
             }
         )
     return rows
@@ -182,17 +204,17 @@ def summary(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
     """The summary as a Markdown table."""
-    headers = ("length", "method", "policy", "solo tok/s", "busy tok/s", "busy / solo")
+    rates = tuple(f"{load} tok/s" for load in LOADS)
+    ratios = tuple(f"{load} / solo" for load in LOADS[1:])
     return _table(
-        (*headers, "solo / fixed solo"),
+        ("length", "method", "policy", *rates, *ratios, "solo / fixed solo"),
         (
             (
                 str(r["context_label"]),
                 r["method"],
                 r["policy"],
-                _fmt(r["solo_tokens_per_second"], ".1f"),
-                _fmt(r["busy_tokens_per_second"], ".1f"),
-                _fmt(r["busy_over_solo"]),
+                *(_fmt(r[f"{load}_tokens_per_second"], ".1f") for load in LOADS),
+                *(_fmt(r[f"{load}_over_solo"]) for load in LOADS[1:]),
                 _fmt(r["solo_over_fixed_solo"]),
             )
             for r in rows
