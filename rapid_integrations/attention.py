@@ -5,9 +5,12 @@ transformers' SDPA path handles several queries with grouped-query attention (GQ
 ~1 GB of writes per pass for SmolLM2 in fp32). Here the query heads that share a KV head are
 folded into the query-length axis instead, so the cache is read in place:
     query [1, Hq, q, d] -> [1, Hkv, (Hq / Hkv) * q, d],  mask [1, 1, q, kv] tiled to match.
-On CPU in bf16/fp16, PyTorch's flash kernel is slow for few queries (measured in
-docs/performance.md, "Why these defaults"), so the scores are two matmuls with an fp32 softmax
-instead. A masked prefill chunk on the CPU (every chunk after the first) goes to PyTorch's
+On a CPU without native bf16 (AVX2), PyTorch's flash kernel is slow in bf16/fp16 for few
+queries (3.6 ms a layer for one query at 8K: docs/performance.md, "Why these defaults"), so
+the scores are two matmuls with an fp32 softmax there. Where the CPU has native bf16
+(AVX512-BF16 or AMX) a bf16 block goes to the flash kernel: the cache is a view of a longer
+buffer, which the matmuls copy whole on every pass (at 8K, 1 query 1.0 against 0.76 ms a
+layer, a 9-token verify 4.2 against 1.9) and the flash kernel reads in place. A masked prefill chunk on the CPU (every chunk after the first) goes to PyTorch's
 SDPA with `enable_gqa`, whose flash kernel also reads the grouped KV in place where
 transformers' SDPA function would `repeat_kv` the whole cache for it (`_gqa_prefill`).
 Anything else goes to transformers' own SDPA function unchanged.
@@ -52,6 +55,13 @@ class PackedLayout(Protocol):
 
 MAX_FOLDED_QUERIES = 64  # decode and verify blocks; longer blocks are prefill
 _SDPA_GQA = is_torch_greater_or_equal("2.5")  # scaled_dot_product_attention(enable_gqa=...)
+_CPU = getattr(torch, "cpu", None)
+NATIVE_BF16 = any(
+    getattr(_CPU, probe, lambda: False)()
+    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+)
+"""The CPU computes in bf16 natively: a bf16 decode or verify block goes to the flash kernel
+(module docstring)."""
 
 
 def rapid_attention(
@@ -179,7 +189,7 @@ def _folded(
     if before or len(tiled) > 1:
         partials = [*before, *(_partial(folded, *part, scale) for part in tiled)]
         out = _merged(partials, parts[-1][1].dtype)
-    elif query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16):
+    elif _matmuls_faster(query):
         out = _matmul_attention(folded, *tiled[0], scale)
     else:
         key, value, mask = tiled[0]
@@ -187,6 +197,14 @@ def _folded(
             folded, key, value, attn_mask=mask, scale=scale
         )
     return out.reshape(1, heads, q_len, dim).transpose(1, 2).contiguous()
+
+
+def _matmuls_faster(query: torch.Tensor) -> bool:
+    """Whether two matmuls beat the flash kernel for this block (module docstring): half
+    precision on a CPU, unless it is bf16 on a CPU with native bf16."""
+    half = query.dtype in (torch.bfloat16, torch.float16)
+    native = NATIVE_BF16 and query.dtype == torch.bfloat16
+    return query.device.type == "cpu" and half and not native
 
 
 def _fold(query: torch.Tensor, kv_heads: int) -> torch.Tensor:

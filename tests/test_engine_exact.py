@@ -126,6 +126,34 @@ def test_gqa_prefill_equals_transformers_sdpa():
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("native_bf16", [True, False], ids=["flash", "matmuls"])
+@pytest.mark.parametrize("q_len", [1, 9])
+def test_bf16_decode_and_verify_blocks_on_a_cache_view_match_float64(
+    monkeypatch, native_bf16, q_len
+):
+    """A bf16 block reads its cache as a view of a longer buffer (kv.py), through the flash
+    kernel where the CPU has native bf16, else two matmuls (attention.py); either gives
+    transformers' SDPA attention in float64 (after `repeat_kv`) to bf16's precision, under
+    the causal mask of the block's last q_len positions."""
+    monkeypatch.setattr(attention, "NATIVE_BF16", native_bf16)
+    torch.manual_seed(1)
+    buffer = torch.randn(2, 1, 2, 700, 16, dtype=torch.float64)
+    key, value = buffer[..., :600, :]  # [1, 2, 600, 16] views, as the cache hands them out
+    query = torch.randn(1, 6, q_len, 16, dtype=torch.float64)
+    mask = attention._causal(q_len, 600, key)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 3, False
+    want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
+    half = [t.to(torch.bfloat16) for t in (query, key, value)]
+    key16 = torch.zeros(1, 2, 700, 16, dtype=torch.bfloat16)  # a longer buffer, as in kv.py
+    value16 = torch.zeros_like(key16)
+    key16[:, :, :600], value16[:, :, :600] = half[1], half[2]
+    got, _ = attention.rapid_attention(
+        module, half[0], key16[:, :, :600], value16[:, :, :600], mask, scaling=0.25
+    )
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-2)
+
+
 def test_long_prefill_chunks_keep_the_identity(engines, target, tok, monkeypatch):
     """Chunks longer than a verify block, after the first, run under a mask through
     `_gqa_prefill`; the output is still the target's own greedy decoding."""
