@@ -10,7 +10,8 @@ queries (3.6 ms a layer for one query at 8K: docs/performance.md, "Why these def
 the scores are two matmuls with an fp32 softmax there. Where the CPU has native bf16
 (AVX512-BF16 or AMX) a bf16 block goes to the flash kernel: the cache is a view of a longer
 buffer, which the matmuls copy whole on every pass (at 8K, 1 query 1.0 against 0.76 ms a
-layer, a 9-token verify 4.2 against 1.9) and the flash kernel reads in place. A masked prefill chunk on the CPU (every chunk after the first) goes to PyTorch's
+layer, a 9-token verify 4.2 against 1.9) and the flash kernel reads in place.
+A masked prefill chunk on the CPU (every chunk after the first) goes to PyTorch's
 SDPA with `enable_gqa`, whose flash kernel also reads the grouped KV in place where
 transformers' SDPA function would `repeat_kv` the whole cache for it (`_gqa_prefill`).
 Anything else goes to transformers' own SDPA function unchanged.

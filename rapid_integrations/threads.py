@@ -29,7 +29,7 @@ is kept for good (not followed). A user's own setting is never changed: OMP_NUM_
 MKL_NUM_THREADS set, or a torch thread count that is neither torch's default nor the count
 set here last.
 
-Imports no torch at module top (the package imports this module before torch loads).
+Imports no torch at module top: torch loads where a count is read or set.
 """
 
 from __future__ import annotations

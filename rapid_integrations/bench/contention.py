@@ -5,7 +5,7 @@ lc and rapid decode `speed_tokens` tokens of one single-fact task per length, so
 a competitor (a spawned process running a pure-Python loop, started before and terminated
 after the runs it contends with), under two policies, each in a fresh process:
   fixed    torch imported first, threads = every usable CPU (torch's own behaviour)
-  managed  rapid_integrations imported first (threads.py: threads by load, followed per pass)
+  managed  threads by load, followed per pass (threads.py)
 An engine built beside the competitor is built after the load average shows it, as a user's
 would be. In the last phase ("late") the competitor starts after the managed engine was built
 on a quiet machine and warmed: the threads it picked then must follow the load.
