@@ -56,9 +56,8 @@ class PackedLayout(Protocol):
 
 MAX_FOLDED_QUERIES = 64  # decode and verify blocks; longer blocks are prefill
 _SDPA_GQA = is_torch_greater_or_equal("2.5")  # scaled_dot_product_attention(enable_gqa=...)
-_CPU = getattr(torch, "cpu", None)
 NATIVE_BF16 = any(
-    getattr(_CPU, probe, lambda: False)()
+    getattr(torch.cpu, probe, lambda: False)()  # private probes: absent in some versions
     for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
 )
 """The CPU computes in bf16 natively: a bf16 decode or verify block goes to the flash kernel

@@ -159,37 +159,42 @@ def configure_torch_threads(environ: Mapping[str, str] = os.environ) -> ThreadCh
     if asked is not None:
         threads, reason = asked, f"{ENV}={asked}"
     else:
-        threads, reason = _auto_pick()
-        _follower = LoadFollower(usable_cpus(), os.cpu_count() or 1, threads)
+        threads, reason, _follower = _auto_pick()
     torch.set_num_threads(threads)
     _applied = threads
     return _log(ThreadChoice(threads, reason, threads != current))
 
 
-def _auto_pick() -> tuple[int, str]:
+def _auto_pick() -> tuple[int, str, LoadFollower | None]:
+    """The count by load, why, and the follower that keeps it up to date from the sample's
+    last reading (None without /proc/stat: nothing to follow)."""
     usable = usable_cpus()
     online = os.cpu_count() or usable
-    sampled = _sample_busy(online)
-    if sampled is not None:
+    sample = _sample_busy(online)
+    if sample is not None:
+        sampled, last = sample
         busy = busy_cpus(sampled, 0.0, usable, online)
-        return pick_threads(usable, busy), f"{usable} usable CPUs, {busy} busy ({sampled:.2f} now)"
+        threads = pick_threads(usable, busy)
+        reason = f"{usable} usable CPUs, {busy} busy ({sampled:.2f} now)"
+        return threads, reason, LoadFollower(usable, online, threads, last)
     try:
         load = os.getloadavg()[0]
     except OSError:  # no load average on this platform
-        return usable, f"{usable} usable CPUs, no load average"
+        return usable, f"{usable} usable CPUs, no load average", None
     times = os.times()
     own = own_load(times.user + times.system, _process_age())
     busy = busy_cpus(load, own, usable, online)
     threads = pick_threads(usable, busy)
-    return threads, f"{usable} usable CPUs, {busy} busy (load {load:.2f}, ours {own:.2f})"
+    return threads, f"{usable} usable CPUs, {busy} busy (load {load:.2f}, ours {own:.2f})", None
 
 
-def _sample_busy(online: int) -> float | None:
-    """CPUs other processes use over the next `SAMPLE_SECONDS`; None without /proc/stat."""
+def _sample_busy(online: int) -> tuple[float, CpuReading] | None:
+    """CPUs other processes use over the next `SAMPLE_SECONDS`, and the reading at its end;
+    None without /proc/stat."""
     before = read_cpus()
     time.sleep(SAMPLE_SECONDS)
     after = read_cpus()
-    return None if before is None or after is None else after.busy_since(before, online)
+    return None if before is None or after is None else (after.busy_since(before, online), after)
 
 
 @dataclass(frozen=True)
@@ -229,13 +234,15 @@ class LoadFollower:
         usable: int,
         online: int,
         free: int,
+        last: CpuReading | None,
         read: Callable[[], CpuReading | None] = read_cpus,
     ) -> None:
-        """`free`: the CPUs picked at the engine's build, until the first interval is measured."""
+        """`free`: the CPUs picked at the engine's build, until the first interval since
+        `last` (the build's reading) is measured."""
         self.usable, self.online, self._read = usable, online, read
         self.default = torch_default_threads()  # a count still ours (`follow_load`)
         self._lock = threading.Lock()
-        self._last = read()
+        self._last = last
         self._free = free  # CPUs left free over the last interval measured
         self._picked: dict[int, float] = {}  # decoding thread id -> when it last picked
 

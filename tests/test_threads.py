@@ -117,8 +117,7 @@ def test_auto_pick_reads_the_cpus_now_not_the_lagging_load(restore_threads, monk
     monkeypatch.setattr(threads, "usable_cpus", lambda: 2)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(os, "getloadavg", lambda: (1.9, 1.0, 0.5))
-    # 200 idle ticks: nothing busy now; the third reading starts the load follower's interval.
-    readings = iter([(0, 0, 800, 0), (0, 0, 1000, 0), (0, 0, 1000, 0)])
+    readings = iter([(0, 0, 800, 0), (0, 0, 1000, 0)])  # 200 idle ticks: nothing busy now
 
     def read_text(self):
         user, system, idle, iowait = next(readings)
@@ -185,7 +184,7 @@ class FakeCpus:
 
 def test_the_follower_gives_a_decoding_thread_the_cpus_others_left_free():
     cpus = FakeCpus(online=2)
-    follower = threads.LoadFollower(usable=2, online=2, free=2, read=cpus.read)
+    follower = threads.LoadFollower(usable=2, online=2, free=2, last=cpus.read(), read=cpus.read)
     assert follower.due(thread=1, now=cpus.at) == 2  # the build's pick, until measured
     # A competitor starts: our 2 threads and it share 2 CPUs (2/3 of one each).
     now = cpus.run(0.3, others=0.67, ours=1.33)
@@ -200,7 +199,7 @@ def test_the_follower_gives_a_decoding_thread_the_cpus_others_left_free():
 
 def test_the_follower_shares_the_free_cpus_among_our_decoding_threads():
     cpus = FakeCpus(online=4)
-    follower = threads.LoadFollower(usable=4, online=4, free=4, read=cpus.read)
+    follower = threads.LoadFollower(usable=4, online=4, free=4, last=cpus.read(), read=cpus.read)
     assert follower.due(thread=1, now=cpus.at) == 4
     now = cpus.run(0.6, others=1.0, ours=3.0)
     assert follower.due(2, now) == 1  # 3 free CPUs, 2 threads decoding
@@ -213,10 +212,10 @@ def test_the_follower_shares_the_free_cpus_among_our_decoding_threads():
 
 def test_the_follower_ignores_our_own_cpu_use_and_a_missing_proc_stat():
     cpus = FakeCpus(online=2)
-    follower = threads.LoadFollower(usable=2, online=2, free=1, read=cpus.read)
+    follower = threads.LoadFollower(usable=2, online=2, free=1, last=cpus.read(), read=cpus.read)
     now = cpus.run(0.6, others=0.0, ours=2.0)  # our own threads alone
     assert follower.due(1, now) == 2
-    blind = threads.LoadFollower(usable=2, online=2, free=1, read=lambda: None)
+    blind = threads.LoadFollower(usable=2, online=2, free=1, last=None, read=lambda: None)
     assert blind.due(1, 0.0) == blind.due(1, 10.0) == 1  # the build's pick stays
 
 
@@ -224,7 +223,7 @@ def test_follow_load_sets_the_decoding_threads_count_and_leaves_a_users_alone(
     restore_threads, monkeypatch
 ):
     cpus = FakeCpus(online=2)
-    follower = threads.LoadFollower(usable=2, online=2, free=2, read=cpus.read)
+    follower = threads.LoadFollower(usable=2, online=2, free=2, last=cpus.read(), read=cpus.read)
     monkeypatch.setattr(threads, "_follower", follower)
     monkeypatch.setattr(threads.time, "monotonic", lambda: cpus.at)
     torch.set_num_threads(2)
@@ -241,11 +240,16 @@ def test_follow_load_sets_the_decoding_threads_count_and_leaves_a_users_alone(
     assert torch.get_num_threads() == 3
 
 
-def test_an_engine_built_with_a_fixed_count_is_not_followed(restore_threads):
+def test_an_engine_built_with_a_fixed_count_or_without_proc_stat_is_not_followed(
+    restore_threads, monkeypatch
+):
     threads.configure_torch_threads({"RAPID_NUM_THREADS": "1"})
     assert threads._follower is None
     threads.configure_torch_threads({})
     assert threads._follower is not None
+    monkeypatch.setattr(threads, "STAT", threads.Path("/nonexistent/stat"))
+    threads.configure_torch_threads({})
+    assert threads._follower is None  # nothing to follow: the load average's pick stays
 
 
 def test_contention_summary_arithmetic():

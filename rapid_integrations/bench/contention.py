@@ -125,7 +125,8 @@ def child_main() -> None:
     engine.generate(tasks[0].messages[-1:], mode="rapid", max_new_tokens=4)  # warm
     competitor = _start_competitor() if load == "late" else None
     try:
-        time.sleep(START_SECONDS if competitor else 0.0)
+        if competitor is not None:
+            time.sleep(START_SECONDS)
         records = _time_methods(engine, tasks, settings, policy, load, str(dtype))
     finally:
         if competitor is not None:
