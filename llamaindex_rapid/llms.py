@@ -106,8 +106,9 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
 
     Pass a ready `engine`, or the models to load on first use: `model` (the target),
     `draft_model` (None: self-speculation), `tokenizer`, with `device`, `dtype`, `draft_device`,
-    `draft_precision`, `target_precision`, `model_kwargs`, `draft_model_kwargs`, `tokenizer_kwargs`; with neither,
-    the embedded SmolLM2-135M-Instruct is used. Generation settings are fields of their own
+    `draft_precision`, `target_precision`, `model_kwargs`, `draft_model_kwargs`,
+    `tokenizer_kwargs`, `compile_draft` (`RapidEngine`'s); with neither, the embedded
+    SmolLM2-135M-Instruct is used. Generation settings are fields of their own
     (`max_new_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`, `eta`,
     `gamma`, `seed`, `stop`), `rapid_config` holds any other `RapidConfig` field, and
     `generate_kwargs` takes transformers `generate()` options as `HuggingFaceLLM` does
@@ -179,6 +180,7 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         model_kwargs: dict[str, Any] | None = None,
         draft_model_kwargs: dict[str, Any] | None = None,
         tokenizer_kwargs: dict[str, Any] | None = None,
+        compile_draft: bool | None = None,
         max_new_tokens: int | None = None,
         temperature: float | None = None,
         top_p: float | None = None,
@@ -217,6 +219,7 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
             "model_kwargs": _with_device_map(model_kwargs, device_map),
             "draft_model_kwargs": draft_model_kwargs or {},
             "tokenizer_kwargs": tokenizer_kwargs or {},
+            "compile_draft": compile_draft,
         }
         handle = EngineHandle(engine, loading)
         rapid_config = merge_overrides(

@@ -192,6 +192,8 @@ class LoadSpec:
     tokenizer: a tokenizer object, a folder or hub id (loaded with `tokenizer_kwargs`), or
     None to find it next to the model. `model_kwargs` / `draft_model_kwargs` go to
     `from_pretrained` (device_map, quantization_config, attn_implementation, revision, ...).
+    compile_draft: `RapidEngine`'s (None: False); it changes speed, never output, so it is not
+    part of `identity`.
     """
 
     model: Any = None
@@ -205,6 +207,7 @@ class LoadSpec:
     model_kwargs: Mapping[str, Any] = field(default_factory=dict)
     draft_model_kwargs: Mapping[str, Any] = field(default_factory=dict)
     tokenizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    compile_draft: bool | None = None
 
     def __post_init__(self) -> None:
         """The engine's own argument checks, run now: before any weights load."""
@@ -229,6 +232,7 @@ class LoadSpec:
             "model_kwargs": dict(self.model_kwargs) or None,
             "draft_model_kwargs": dict(self.draft_model_kwargs) or None,
             "tokenizer_kwargs": dict(self.tokenizer_kwargs) or None,
+            "compile_draft": self.compile_draft,
         }
 
     def build(self, tokenizer: PreTrainedTokenizerBase | None = None) -> RapidEngine:

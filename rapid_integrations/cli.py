@@ -253,6 +253,12 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         help="verify with a copy of the target (int4-weight: 4-bit weights, another model; "
         "docs/performance.md, An int4 target)",
     )
+    p.add_argument(
+        "--compile-draft",
+        action="store_true",
+        help="run the draft's decode passes through torch.compile (docs/performance.md, "
+        "A compiled draft)",
+    )
     p.add_argument("--max-new-tokens", type=int, help="answer cap of QA runs")
     p.add_argument("--speed-tokens", type=int, help="tokens decoded by speed-only runs")
     p.add_argument(
@@ -522,6 +528,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         draft=args.draft,
         draft_precision=args.draft_precision,
         target_precision=args.target_precision,
+        compile_draft=args.compile_draft,
         dtype=args.dtype,
         device=args.device,
         seed=args.seed,

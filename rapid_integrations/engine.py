@@ -25,6 +25,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .attention import use_rapid_attention
 from .call_options import ENGINE_RETRIEVER, CallOptions
+from .compiled import compile_decode
 from .config import DRAFT_PRECISIONS, TARGET_PRECISIONS, Mode, RapidConfig, check_choice
 from .constraints import Constraints
 from .drafting import LookupFirst, LookupProposer, ModelProposer, Proposer
@@ -58,7 +59,13 @@ from .tokens import Prompt, encode_prompt, is_chat, stop_token_ids
 from .tools import Tools, prepare_messages
 from .verify import verdict
 
-_DRAFT_OPTIONS = ("draft_device", "draft_precision", "draft_model_kwargs", "target_precision")
+_DRAFT_OPTIONS = (
+    "draft_device",
+    "draft_precision",
+    "draft_model_kwargs",
+    "target_precision",
+    "compile_draft",
+)
 """Constructor arguments `from_default` passes through beside the `RapidConfig` fields."""
 
 if TYPE_CHECKING:
@@ -241,6 +248,12 @@ class RapidEngine:
     docs/performance.md, "An int4 target"). Under self-speculation the draft is that copy too
     (draft_precision "auto" or "none"). "none" and "auto" (the default) verify with the target
     as loaded; `engine.target_precision` says which was chosen.
+    compile_draft: run the draft's decode passes through torch.compile (`compiled.py`): on a
+    CPU a draft pass of a small model is mostly Python and small operations, which the
+    compiled graph removes (docs/performance.md, "A compiled draft"). The graphs are built
+    here, about a minute on two CPU cores the first time (seconds from inductor's cache
+    after that); `engine.draft_decode` is the compiled module. The draft must not be changed
+    after the engine is built.
     Models that use SDPA are switched to `attention.rapid_attention`, the same math without
     copying the grouped-query KV cache on verify passes.
     Every argument is checked before any weights load: bad values raise `RapidConfigError`.
@@ -263,6 +276,7 @@ class RapidEngine:
         model_kwargs: dict[str, Any] | None = None,
         draft_model_kwargs: dict[str, Any] | None = None,
         tokenizer_kwargs: dict[str, Any] | None = None,
+        compile_draft: bool = False,
     ) -> None:
         self_draft = draft is None or draft is target
         self.config, options, draft_options = _check_arguments(
@@ -276,6 +290,7 @@ class RapidEngine:
             model_kwargs=model_kwargs,
             draft_model_kwargs=draft_model_kwargs,
             tokenizer_kwargs=tokenizer_kwargs,
+            compile_draft=compile_draft,
         )
         configure_torch_threads()  # then followed as the load changes (threads.py)
         if tokenizer_kwargs and not (
@@ -316,6 +331,8 @@ class RapidEngine:
         self.vocab_size = _shared_vocab(
             self.tokenizer, self.target, self.draft, draft_tokenizer or draft_tok
         )
+        # The draft's decode passes compiled (compiled.py), their graphs built now; None: eager.
+        self.draft_decode = compile_decode(self.draft, self.vocab_size) if compile_draft else None
         self.retriever = retriever
         self.prefix_cache = PrefixCache()
         self.schedules = ScheduleMemory()
@@ -340,8 +357,8 @@ class RapidEngine:
         """An engine on the embedded SmolLM2-135M-Instruct (self-speculation unless `draft`).
 
         `options` are `RapidConfig` fields, plus the constructor's draft_device,
-        draft_precision, draft_model_kwargs and target_precision; all are checked before the
-        model loads."""
+        draft_precision, draft_model_kwargs, target_precision and compile_draft; all are
+        checked before the model loads."""
         engine_args = {k: options.pop(k) for k in _DRAFT_OPTIONS if k in options}
         config, _, _ = _check_arguments(
             draft is None,
@@ -653,6 +670,7 @@ class RapidEngine:
                 self.prefix_cache,
                 cfg.prefix_cache_bytes,
                 draft,
+                self.draft_decode if draft else None,
             )
         )
 
@@ -871,6 +889,7 @@ def _check_arguments(
     model_kwargs: Mapping[str, Any] | None = None,
     draft_model_kwargs: Mapping[str, Any] | None = None,
     tokenizer_kwargs: Mapping[str, Any] | None = None,
+    compile_draft: bool | None = None,
 ) -> tuple[RapidConfig, LoadOptions, LoadOptions]:
     """The engine's config and the target's and draft's load options, every constructor
     argument checked before anything loads (`RapidConfigError` naming the argument).
@@ -879,6 +898,8 @@ def _check_arguments(
         raise RapidConfigError(
             "config", f"must be a RapidConfig or a dict of its fields, got {config!r}"
         )
+    if compile_draft is not None and not isinstance(compile_draft, bool):
+        raise RapidConfigError("compile_draft", f"must be True or False, got {compile_draft!r}")
     if not isinstance(config, RapidConfig):
         config = RapidConfig().replace(**(config or {}))
     options = LoadOptions.check(device, dtype, model_kwargs, tokenizer_kwargs)

@@ -6,7 +6,7 @@ import functools
 import inspect
 import itertools
 import time
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -222,6 +222,9 @@ class KVState:
     cache: DynamicCache
     pending: torch.Tensor  # [k] int64 on the model's device
     vocab: int
+    # The forward pass decode feeds run, once the prefill is done: a compiled one
+    # (`compiled.compile_decode`), or None for the model itself.
+    decode: Callable[..., Any] | None = None
     forward_passes: int = 0
     forward_seconds: float = 0.0  # decode-phase model time (on CUDA: until the next sync)
 
@@ -255,6 +258,7 @@ class KVState:
         prefixes: PrefixCache | None = None,
         max_prefix_bytes: int = 0,
         draft: bool = False,
+        decode: Callable[..., Any] | None = None,
     ) -> Forwards[KVState]:
         """Prefill all but the last prompt token, reusing a stored prefix when one matches
         (read in place where it can be shared, else copied: `_load`, section 14.1).
@@ -262,7 +266,9 @@ class KVState:
         The rest is read in chunks of `chunk` tokens, each a `Feed` (`draft`: its flag) that
         keeps one logit row, so the prompt's full-vocabulary logits are never materialized
         and a batch runs a newcomer's prefill one chunk a step. `capacity` bounds the tokens
-        the sequence will ever hold (prompt, generated, and drafts in flight).
+        the sequence will ever hold (prompt, generated, and drafts in flight). `decode`: the
+        forward its decode passes run (`KVState.decode`); such a sequence copies a stored
+        prefix into its own buffers, so that its passes stay on the plain path it compiled.
         """
         ids = torch.tensor(prompt, dtype=torch.long, device=model.device)
         state = cls(model, new_cache(model, capacity), ids[:0], vocab)
@@ -270,11 +276,11 @@ class KVState:
         reuse = prefixes if max_prefix_bytes > 0 and state._plain_layers() else None
         if reuse is not None:
             state.reused_tokens, parts = reuse.lookup(model, head)
-            state._load(parts)
+            state._load(parts, share=decode is None)
         for start in range(state.reused_tokens, len(head), chunk):
             yield Feed(state, ids[start : min(start + chunk, len(head))], draft, keep=1)
         state.forward_passes, state.forward_seconds = 0, 0.0  # counted: decode passes only
-        state.pending = ids[-1:]
+        state.pending, state.decode = ids[-1:], decode
         if reuse is not None and head:
             reuse.store(model, head, state._parts(), max_prefix_bytes)
         return state
@@ -283,11 +289,12 @@ class KVState:
         # Every layer must hold every token's KV (buffered full or sliding layers) to be reused.
         return all(isinstance(layer, BufferedLayer) for layer in self.cache.layers)
 
-    def _load(self, parts: list[KV]) -> None:
+    def _load(self, parts: list[KV], share: bool) -> None:
         """Read a stored prefix, consecutive parts of per layer (keys, values) [1, kv_heads,
-        tokens, head_dim]: its first part shared in place where packed passes can read it
-        (docs/algorithm.md section 14.1; `packing_refusal`), the rest copied into the buffers."""
-        if parts and packing_refusal(self.model, self.cache.layers) is None:
+        tokens, head_dim]: with `share`, its first part shared in place where packed passes can
+        read it (docs/algorithm.md section 14.1; `packing_refusal`); the rest copied into the
+        buffers."""
+        if parts and share and packing_refusal(self.model, self.cache.layers) is None:
             self.cache.layers = [
                 SharedPrefixLayer(layer.capacity, prefix)
                 for layer, prefix in zip(self._buffers(), parts[0], strict=True)
@@ -318,11 +325,18 @@ class KVState:
             return feed_packed([Feed(self, tokens, keep=keep)])[0]
         ids = self.take(tokens)
         start = time.perf_counter()
-        out = self.model(
+        out = self._forward()(
             input_ids=ids[None], **_cache_arg(self.model, self.cache), logits_to_keep=keep
         )
         self.counted(time.perf_counter() - start)
         return out.logits[0, :, : self.vocab]
+
+    def _forward(self) -> Callable[..., Any]:
+        # The compiled graphs read allocated buffers: the first pass of a sequence that had
+        # nothing to prefill allocates them, and runs on the model itself.
+        if self.decode is not None and self.cache.layers[0].is_initialized:
+            return self.decode
+        return self.model
 
     def take(self, tokens: torch.Tensor | None = None) -> torch.Tensor:
         """The ids [pending + k] the next forward pass reads: `pending`, then `tokens` ([k]);

@@ -147,6 +147,7 @@ class BenchSettings:
     draft: str | None = None
     draft_precision: str | None = None
     target_precision: str | None = None
+    compile_draft: bool = False
     dtype: str = "auto"
     device: str | None = None
     seed: int = 0
@@ -502,8 +503,15 @@ def _qa_engine(
         tokenizer,
         draft_precision=settings.draft_precision,
         target_precision=settings.target_precision,
+        compile_draft=settings.compile_draft,
     )
     return engine, dtype, probe_seconds
+
+
+def forward_modules(engine: RapidEngine) -> list[torch.nn.Module]:
+    """What the probe hooks: the target, the draft, and the draft's compiled decode module,
+    whose passes bypass the draft's own hooks (compiled.py)."""
+    return [m for m in (engine.target, engine.draft, engine.draft_decode) if m is not None]
 
 
 def _rope_engine(
@@ -523,6 +531,7 @@ def _rope_engine(
         tokenizer=engine.tokenizer,
         draft_precision=settings.draft_precision,
         target_precision=settings.target_precision,
+        compile_draft=settings.compile_draft,
     )
 
 
@@ -559,7 +568,7 @@ def _qa_suite(session: _Session, engine: RapidEngine, tasks: list[Task], name: s
         "temperature": 0.0,
         "seed": settings.seed,
     }
-    with ForwardProbe([engine.target, engine.draft]) as probe:
+    with ForwardProbe(forward_modules(engine)) as probe:
         share = settings.eta_sweep or name == "broad"
         suite = _Suite(name, engine, probe, overrides, share_prefill=share)
         warm_up(engine, methods, probe, settings.gguf())
@@ -643,7 +652,7 @@ def _speed_suite(
     if share_prefill:
         overrides["prefix_cache_bytes"] = LONG_CACHE_BYTES
     device = _bounds_device(session, engine, methods)
-    with ForwardProbe([engine.target, engine.draft]) as probe:
+    with ForwardProbe(forward_modules(engine)) as probe:
         settings = _Suite(suite, engine, probe, overrides, share_prefill)
         warm_up(engine, list(methods), probe, session.settings.gguf())
         for task in tasks:

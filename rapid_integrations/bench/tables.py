@@ -47,7 +47,9 @@ def _machine_line(meta: dict[str, Any]) -> str:
     return (
         f"Machine: {m.get('cpu')} ({m.get('cpu_count')} CPUs, torch threads {m.get('torch_threads')})"
         f"{gpu}, device {m.get('device')}, dtype {meta.get('dtype')}, draft copy "
-        f"{meta.get('draft_precision')}, target copy {meta.get('target_precision')}; "
+        f"{meta.get('draft_precision')}"
+        f"{' (compiled decode passes)' if s.get('compile_draft') else ''}, target copy "
+        f"{meta.get('target_precision')}; "
         f"torch {m.get('torch')}, "
         f"transformers {m.get('transformers')}, Python {m.get('python')}. "
         f"Load average at start {m.get('load_average_start')}, at end {m.get('load_average_end')}. "

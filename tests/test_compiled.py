@@ -1,0 +1,130 @@
+"""A compiled draft (`RapidEngine(compile_draft=True)`, rapid_integrations/compiled.py) on tiny
+float64 models: every call decodes as the eager engine does, token for token and draft for
+draft, every draft decode pass runs the graphs built with the engine, and nothing a call or
+the process does later makes torch recompile them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo.utils
+from transformers import BertConfig, BertModel
+
+from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine, compiled, generate_batch
+from rapid_integrations.bench.models import tiny_pair
+from tests.tiny import char_tokenizer
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # compiles: ~20 s
+
+# (prompt, draft prompt, options): gammas 1 to 8, lookup on and off, eta 0 and 5, greedy and
+# sampled, a prompt longer than a prefill chunk, and a draft-only mode.
+CALLS = [
+    ("abc def gh abc def", "abc def", {"gamma": 4}),
+    ("hello. ab cd ab cd ab", "ab cd", {"gamma": 8, "lookup_ngram": 0}),
+    ("k", "k", {"gamma": 1}),
+    ("jkl jkl abc abc a", "abc", {"gamma": 3, "eta": 5.0, "prefill_chunk_size": 3}),
+    ("a.b.c.d.e.f", "d.e", {"gamma": 5, "eta": 5.0, "temperature": 0.9, "seed": 3}),
+    ("lkj ihg fed", "fed", {"gamma": 2, "temperature": 1.1, "seed": 7, "mode": "sd"}),
+]
+STATS = ("drafted_tokens", "accepted_tokens", "draft_forward_passes", "target_forward_passes")
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    """(compiled, eager) engines on one float64 pair, the small model the large one truncated
+    (so drafts are partly accepted), for a separate draft and for self-speculation; "graphs":
+    how many graphs dynamo had built once they were (no call may add one)."""
+    tok = char_tokenizer()
+    small, large = tiny_pair(len(tok), 512, seed=5, dtype=torch.float64)
+    cfg = RapidConfig(eta=0.0, max_new_tokens=24, ignore_eos=True)
+    built = {}
+    for kind, draft in (("separate", small), ("self", None)):
+        built[kind] = tuple(
+            RapidEngine(large, draft, tokenizer=tok, config=cfg, compile_draft=flag)
+            for flag in (True, False)
+        )
+    built["graphs"] = graphs()
+    return built
+
+
+def graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def run(engine: RapidEngine, call: tuple, **more) -> tuple[list[int], tuple[int, ...]]:
+    prompt, draft_prompt, options = call
+    out = engine.generate(prompt, draft_prompt, **options, **more)
+    return out.token_ids, tuple(getattr(out.stats, name) for name in STATS)
+
+
+@pytest.mark.parametrize("kind", ["separate", "self"])
+def test_a_compileddraft_decodes_as_the_eager_one(pairs, kind):
+    fast, eager = pairs[kind]
+    for call in CALLS:
+        assert run(fast, call) == run(eager, call), call
+
+
+def test_everydraft_decode_pass_runs_the_built_graphs_and_nothing_recompiles(pairs, monkeypatch):
+    fast, _ = pairs["separate"]
+    passes: list[int] = []
+    built = fast.draft_decode
+    assert built is not None
+
+    def counted(input_ids, **kwargs):
+        passes.append(input_ids.shape[1])
+        return built(input_ids, **kwargs)
+
+    monkeypatch.setattr(fast, "draft_decode", counted)
+    stored = {"prefix_cache_bytes": 1 << 20}
+    for call in [*CALLS, CALLS[0], CALLS[1]]:  # the repeats read their prompts' stored prefix
+        start = len(passes)
+        out = fast.generate(call[0], call[1], **call[2], **stored)
+        # A one-token draft prompt has nothing to prefill: its first pass allocates the cache.
+        first_eager = len(call[1]) == 1
+        assert len(passes) - start == out.stats.draft_forward_passes - first_eager > 0
+    assert out.stats.draft_cached_prefix_tokens > 0  # copied in, so still the compiled path
+    assert max(passes) > 1  # passes of one token and of several both ran
+    # transformers registers every model class it builds in a dict each forward reads; a
+    # class built now (a retriever's embedder, say) must not rebuild the draft's graphs.
+    BertModel(BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2))
+    fast.generate(*CALLS[0][:2], **CALLS[0][2])
+    assert graphs() == pairs["graphs"]
+
+
+def test_packed_draft_passes_of_a_batch_decode_as_alone(pairs):
+    fast, eager = pairs["separate"]
+    prompts = [call[0] for call in CALLS[:4]]
+    want = [eager.generate(p).token_ids for p in prompts]
+    assert [out.token_ids for out in generate_batch(fast, prompts)] == want
+
+
+@pytest.mark.parametrize("value", ["yes", 1])
+def test_compile_draft_takes_only_a_bool_and_is_checked_before_loading(value):
+    with pytest.raises(RapidConfigError) as caught:
+        RapidEngine("/no/such/model", compile_draft=value)
+    assert caught.value.field == "compile_draft"
+    with pytest.raises(RapidConfigError, match="compile_draft"):
+        RapidEngine.from_default(compile_draft=value)
+
+
+def test_the_llamaindex_llm_checks_it_at_construction():
+    from llamaindex_rapid import RapidLLM
+
+    with pytest.raises(RapidConfigError, match="compile_draft"):
+        RapidLLM(compile_draft="yes")
+
+
+def test_a_model_torch_cannot_compile_is_refused_at_construction(monkeypatch):
+    def failing(fn, **options):
+        def call(*args, **kwargs):
+            raise RuntimeError("no C++ compiler found")
+
+        return call
+
+    monkeypatch.setattr(compiled.torch, "compile", failing)
+    tok = char_tokenizer()
+    small, large = tiny_pair(len(tok), 64, dtype=torch.float64)
+    with pytest.raises(RapidConfigError, match=r"no C\+\+ compiler found") as caught:
+        RapidEngine(large, small, tokenizer=tok, compile_draft=True)
+    assert caught.value.field == "compile_draft"
+    assert isinstance(caught.value.__cause__, RuntimeError)
