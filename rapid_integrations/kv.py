@@ -334,7 +334,7 @@ class KVState:
     def _forward(self) -> Callable[..., Any]:
         # The compiled graphs read allocated buffers: the first pass of a sequence that had
         # nothing to prefill allocates them, and runs on the model itself.
-        if self.decode is not None and self.cache.layers[0].is_initialized:
+        if self.decode is not None and self.cache.get_seq_length() > 0:
             return self.decode
         return self.model
 
