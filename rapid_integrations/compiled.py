@@ -84,7 +84,6 @@ def warm(model: PreTrainedModel, decode: CompiledDecode, vocab: int) -> None:
     """Build `decode`'s graphs: a decode pass of one token, then one of two, on a scratch
     cache of `WARM_PROMPT` tokens, as the engine's own draft passes run (`KVState.feed`)."""
     ids = list(range(WARM_PROMPT))
-    state = KVState.start(model, ids, vocab, WARM_PROMPT, WARM_PROMPT + 3)
-    state.decode = decode
+    state = KVState.start(model, ids, vocab, WARM_PROMPT, WARM_PROMPT + 3, decode=decode)
     state.feed()
     state.feed(torch.tensor(ids[:2], device=model.device))

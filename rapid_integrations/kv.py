@@ -241,10 +241,13 @@ class KVState:
         capacity: int,
         prefixes: PrefixCache | None = None,
         max_prefix_bytes: int = 0,
+        decode: Callable[..., Any] | None = None,
     ) -> KVState:
         """`starting`, its chunks run alone."""
         return direct(
-            cls.starting(model, prompt, vocab, chunk, capacity, prefixes, max_prefix_bytes)
+            cls.starting(
+                model, prompt, vocab, chunk, capacity, prefixes, max_prefix_bytes, decode=decode
+            )
         )
 
     @classmethod

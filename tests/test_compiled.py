@@ -11,7 +11,10 @@ import torch._dynamo.utils
 from transformers import BertConfig, BertModel
 
 from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine, compiled, generate_batch
+from rapid_integrations.bench.model_draft import pass_seconds
 from rapid_integrations.bench.models import tiny_pair
+from rapid_integrations.bench.probe import ForwardProbe
+from rapid_integrations.bench.runner import forward_modules
 from tests.tiny import char_tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # compiles: ~20 s
@@ -128,3 +131,25 @@ def test_a_model_torch_cannot_compile_is_refused_at_construction(monkeypatch):
         RapidEngine(large, small, tokenizer=tok, compile_draft=True)
     assert caught.value.field == "compile_draft"
     assert isinstance(caught.value.__cause__, RuntimeError)
+
+
+def test_the_bench_times_the_compiled_draft_passes(pairs):
+    """The probe hooks the compiled module (its passes bypass the draft's hooks), and the
+    model-draft step is timed through it."""
+    fast, _ = pairs["separate"]
+    seen = {}
+    for name, modules in (("models", [fast.target, fast.draft]), ("all", forward_modules(fast))):
+        with ForwardProbe(modules) as probe:
+            out = fast.generate(*CALLS[0][:2], **CALLS[0][2])
+        seen[name] = len(probe.calls)
+    assert seen["all"] - seen["models"] == out.stats.draft_forward_passes > 0
+    timed: list[int] = []
+
+    def counted(input_ids, **kwargs):
+        timed.append(input_ids.shape[1])
+        return fast.draft_decode(input_ids, **kwargs)
+
+    pass_seconds(
+        fast.draft, list(range(1, 12)), fast.vocab_size, (1,), chunk=4, repeats=3, decode=counted
+    )
+    assert timed == [1, 1, 1]

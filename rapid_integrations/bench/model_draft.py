@@ -25,8 +25,9 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -99,8 +100,10 @@ def pass_seconds(
     prefixes: PrefixCache | None = None,
     max_prefix_bytes: int = 0,
     repeats: int = REPEATS,
+    decode: Callable[..., Any] | None = None,
 ) -> dict[int, float]:
-    """Median seconds of a forward pass reading k tokens after `ids`, for each k in `sizes`.
+    """Median seconds of a forward pass reading k tokens after `ids`, for each k in `sizes`
+    (run by `decode`, the draft's compiled passes, where the engine has them).
 
     The prompt's KV comes from `prefixes` when a previous call stored it (the bench runs the
     methods first), else it is prefilled here. Each pass is rolled back before the next.
@@ -113,6 +116,7 @@ def pass_seconds(
         capacity=len(ids) + max(sizes),
         prefixes=prefixes,
         max_prefix_bytes=max_prefix_bytes,
+        decode=decode,
     )
     last = state.pending
     filler = last.repeat(max(sizes))  # which tokens does not change a pass's cost

@@ -31,6 +31,7 @@ import transformers
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
+from ..compiled import CompiledDecode
 from ..config import DRAFT_PRECISIONS, TARGET_PRECISIONS, RapidConfig, check_choice
 from ..engine import RapidEngine
 from ..errors import RapidConfigError
@@ -709,9 +710,9 @@ def attach_step_costs(
             record["step_costs"] = None
             continue
         if which not in drafts:
-            draft, draft_ids = _draft_reads(engine, which, ids, retrieved)
+            draft, draft_ids, decode = _draft_reads(engine, which, ids, retrieved)
             drafts[which] = pass_seconds(
-                draft, draft_ids, engine.vocab_size, (1,), chunk=chunk, **cache
+                draft, draft_ids, engine.vocab_size, (1,), chunk=chunk, decode=decode, **cache
             )[1]
         costs = StepCosts(target[1], drafts[which], verify)
         record["step_costs"] = dataclasses.asdict(costs)
@@ -729,13 +730,16 @@ the target on its streaming selection (`bench/magicdec.py`)."""
 
 def _draft_reads(
     engine: RapidEngine, method: str, ids: list[int], retrieved: _Retrieved
-) -> tuple[PreTrainedModel, list[int]]:
-    """The model a method of `DRAFT_READS` drafts with and the ids it drafts on."""
+) -> tuple[PreTrainedModel, list[int], CompiledDecode | None]:
+    """The model a method of `DRAFT_READS` drafts with, the ids it drafts on, and the
+    compiled forward its decode passes run (None: the model's own; magicdec's own engine
+    never compiles)."""
     if method == "magicdec":
-        return engine.target, streaming_ids(ids)
+        return engine.target, streaming_ids(ids), None
     if method == "rapid" and retrieved.prompt is not None:
-        return engine.draft, encode_prompt(retrieved.prompt, engine.tokenizer, engine.vocab_size)
-    return engine.draft, ids
+        prompt = encode_prompt(retrieved.prompt, engine.tokenizer, engine.vocab_size)
+        return engine.draft, prompt, engine.draft_decode
+    return engine.draft, ids, engine.draft_decode
 
 
 def _draft_model(engine: RapidEngine, method: str) -> str | None:
