@@ -182,8 +182,8 @@ class RapidParams(BaseModel):
 
     compile_draft: bool | None = None
     """Run the draft's decode passes through torch.compile: faster drafting on a CPU, the
-    graphs built when the engine loads (about a minute the first time); outputs unchanged at
-    eta = 0. Unset: False."""
+    graphs built when the engine loads (1-2 minutes for SmolLM2 on 2 cores); outputs
+    unchanged at eta = 0. Unset: False."""
 
     tokenizer_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of `AutoTokenizer.from_pretrained`."""

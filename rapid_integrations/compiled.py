@@ -11,8 +11,8 @@ come, never what is emitted; with eta > 0 the emitted law reads the draft's q (s
 which the graph rounds as any other kernel would.
 
 The graphs are built when the engine is (`warm`), where a compile error is the caller's to
-see: about a minute on two CPU cores the first time, seconds once inductor's on-disk cache
-holds them. Dynamo keeps one graph for a pass of one token and one for passes of several
+see: for SmolLM2-135M on two CPU cores 136 s the first time, 68 s once inductor's on-disk
+cache holds the kernels (dynamo still traces the model). Dynamo keeps one graph for a pass of one token and one for passes of several
 (`dynamic=True`, lengths symbolic), so neither the cache's growth nor the drafts' count
 recompiles.
 """
@@ -75,7 +75,7 @@ def _without_registry_guards(entries: list[Any]) -> list[bool]:
     """Which of dynamo's guards to keep: all but those on transformers' registry of model
     classes (`_CAN_RECORD_REGISTRY`), which the forward reads for its own class and which
     grows whenever another model class is built (the retriever's embedder, loaded at the
-    first retrieval): each growth would recompile both graphs, a minute each."""
+    first retrieval): each growth would recompile both graphs."""
     return [REGISTRY not in entry.name for entry in entries]
 
 
