@@ -153,3 +153,18 @@ def test_the_bench_times_the_compiled_draft_passes(pairs):
         fast.draft, list(range(1, 12)), fast.vocab_size, (1,), chunk=4, repeats=3, decode=counted
     )
     assert timed == [1, 1, 1]
+
+
+def test_rapid_serve_builds_its_engine_with_a_compiled_draft_when_asked(served_model_dir):
+    from rapid_integrations.cli import build_parser
+    from rapid_integrations.serve.server import settings_from
+    from tests.serve_fixtures import DTYPE
+
+    def settings(*flags: str):
+        argv = ["serve", "--model", str(served_model_dir), "--dtype", DTYPE, *flags]
+        return settings_from(build_parser().parse_args(argv))
+
+    assert settings().compile_draft is False
+    engine = settings("--compile-draft").load_engine()
+    assert isinstance(engine.draft_decode, compiled.CompiledDecode)
+    assert engine.draft_decode.model is engine.draft

@@ -26,6 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
     p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: CUDA when present)")
     p.add_argument(
+        "--compile-draft",
+        action="store_true",
+        help="run the draft's decode passes through torch.compile, built at startup "
+        "(docs/performance.md, A compiled draft)",
+    )
+    p.add_argument(
         "--served-model-name",
         default=d.served_model_name,
         help=f"the model id clients send (default {d.served_model_name!r})",
@@ -89,6 +95,7 @@ def settings_from(args: argparse.Namespace) -> ServeSettings:
         draft=args.draft,
         device=args.device,
         dtype=args.dtype,
+        compile_draft=args.compile_draft,
         served_model_name=args.served_model_name,
         max_running=args.max_running,
         max_waiting=args.max_waiting,

@@ -21,7 +21,8 @@ class ServeSettings:
     """Server settings (plain data: a Ray replica receives a pickled copy).
 
     model / draft / device / dtype: as `rapid ask` takes them (None model: the embedded
-    SmolLM2); served_model_name: the id clients pass as `model`; max_running: requests decoded
+    SmolLM2); compile_draft: `RapidEngine`'s (a request decoded alone drafts through the
+    compiled passes; a batch's packed draft passes stay eager); served_model_name: the id clients pass as `model`; max_running: requests decoded
     together (the batch size); max_waiting: requests that may wait for a slot (more get 429); request_timeout:
     seconds from arrival to the last token (504 after); api_key: required as `Authorization:
     Bearer KEY` on every route but /health (None: open); collections: (name, path) pairs.
@@ -31,6 +32,7 @@ class ServeSettings:
     draft: str | None = None
     device: str | None = None
     dtype: str = "auto"
+    compile_draft: bool = False
     served_model_name: str = "rapid"
     max_running: int = 4
     max_waiting: int = 64
@@ -57,10 +59,11 @@ class ServeSettings:
         from ..engine import RapidEngine
         from ..models import ensure_default_model
 
+        loading = {"device": self.device, "dtype": self.dtype, "compile_draft": self.compile_draft}
         if self.model:
-            return RapidEngine(self.model, self.draft, device=self.device, dtype=self.dtype)
+            return RapidEngine(self.model, self.draft, **loading)
         ensure_default_model(progress=False)
-        return RapidEngine.from_default(self.draft, device=self.device, dtype=self.dtype)
+        return RapidEngine.from_default(self.draft, **loading)
 
     def load_collections(self, engine: RapidEngine) -> dict[str, Collection]:
         from .collection import load_collection
