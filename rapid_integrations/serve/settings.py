@@ -59,11 +59,15 @@ class ServeSettings:
         from ..engine import RapidEngine
         from ..models import ensure_default_model
 
-        loading = {"device": self.device, "dtype": self.dtype, "compile_draft": self.compile_draft}
+        device, dtype, compiled = self.device, self.dtype, self.compile_draft
         if self.model:
-            return RapidEngine(self.model, self.draft, **loading)
+            return RapidEngine(
+                self.model, self.draft, device=device, dtype=dtype, compile_draft=compiled
+            )
         ensure_default_model(progress=False)
-        return RapidEngine.from_default(self.draft, **loading)
+        return RapidEngine.from_default(
+            self.draft, device=device, dtype=dtype, compile_draft=compiled
+        )
 
     def load_collections(self, engine: RapidEngine) -> dict[str, Collection]:
         from .collection import load_collection
