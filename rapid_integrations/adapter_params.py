@@ -192,8 +192,8 @@ class LoadSpec:
     tokenizer: a tokenizer object, a folder or hub id (loaded with `tokenizer_kwargs`), or
     None to find it next to the model. `model_kwargs` / `draft_model_kwargs` go to
     `from_pretrained` (device_map, quantization_config, attn_implementation, revision, ...).
-    compile_draft: `RapidEngine`'s (None: False); it changes speed, never output, so it is not
-    part of `identity`.
+    compile_draft: `RapidEngine`'s (None: False); not part of `identity`, as the thread count
+    is not: at eta = 0 it changes speed only, at eta > 0 the draft's q by rounding.
     """
 
     model: Any = None

@@ -22,10 +22,12 @@ class ServeSettings:
 
     model / draft / device / dtype: as `rapid ask` takes them (None model: the embedded
     SmolLM2); compile_draft: `RapidEngine`'s (a request decoded alone drafts through the
-    compiled passes; a batch's packed draft passes stay eager); served_model_name: the id clients pass as `model`; max_running: requests decoded
-    together (the batch size); max_waiting: requests that may wait for a slot (more get 429); request_timeout:
-    seconds from arrival to the last token (504 after); api_key: required as `Authorization:
-    Bearer KEY` on every route but /health (None: open); collections: (name, path) pairs.
+    compiled passes; a batch's packed draft passes stay eager, and its drafts copy a stored
+    prefix rather than share it); served_model_name: the id clients pass as `model`;
+    max_running: requests decoded together (the batch size); max_waiting: requests that may
+    wait for a slot (more get 429); request_timeout: seconds from arrival to the last token
+    (504 after); api_key: required as `Authorization: Bearer KEY` on every route but /health
+    (None: open); collections: (name, path) pairs.
     """
 
     model: str | None = None
