@@ -61,7 +61,7 @@ def compile_decode(model: PreTrainedModel, vocab: int) -> CompiledDecode:
     C++ compiler for inductor, an operation dynamo cannot trace), with the reason."""
     decode = CompiledDecode(model)
     try:
-        warm(model, decode, vocab)
+        warm(decode, vocab)
     except Exception as exc:  # dynamo and inductor raise many kinds; all mean "cannot"
         raise RapidConfigError(
             "compile_draft",
@@ -80,10 +80,11 @@ def _without_registry_guards(entries: list[Any]) -> list[bool]:
 
 
 @torch.inference_mode()  # as every call decodes (a tensor's mode is part of dynamo's guards)
-def warm(model: PreTrainedModel, decode: CompiledDecode, vocab: int) -> None:
+def warm(decode: CompiledDecode, vocab: int) -> None:
     """Build `decode`'s graphs: a decode pass of one token, then one of two, on a scratch
-    cache of `WARM_PROMPT` tokens, as the engine's own draft passes run (`KVState.feed`)."""
-    ids = list(range(WARM_PROMPT))
+    cache of `WARM_PROMPT` tokens of its model, as the engine's own draft passes run
+    (`KVState.feed`)."""
+    model, ids = decode.model, list(range(WARM_PROMPT))
     state = KVState.start(model, ids, vocab, WARM_PROMPT, WARM_PROMPT + 3, decode=decode)
     state.feed()
     state.feed(torch.tensor(ids[:2], device=model.device))
