@@ -11,6 +11,11 @@ the scores are two matmuls with an fp32 softmax there. Where the CPU has native 
 (AVX512-BF16 or AMX) a bf16 block goes to the flash kernel: the cache is a view of a longer
 buffer, which the matmuls copy whole on every pass (at 8K, 1 query 1.0 against 0.76 ms a
 layer, a 9-token verify 4.2 against 1.9) and the flash kernel reads in place.
+On the CPU a long block's keys are also split into runs read as one batch of the flash kernel
+and merged by their log-sum-exp (`_flash_partial`, flash-decoding's split): the kernel
+parallelizes over batch and heads, so one sequence's 3 KV heads on 2 threads left a thread
+idle a third of the time. A decode block splits from 2 x `MIN_RUN_KEYS` keys, a verify block
+from `MIN_SPLIT_VERIFY_KEYS`, its own masked keys a part of their own.
 A masked prefill chunk on the CPU (every chunk after the first) goes to PyTorch's
 SDPA with `enable_gqa`, whose flash kernel also reads the grouped KV in place where
 transformers' SDPA function would `repeat_kv` the whole cache for it (`_gqa_prefill`).
@@ -29,6 +34,7 @@ sequence (the cascade split of SGLang and FlashInfer).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -55,6 +61,12 @@ class PackedLayout(Protocol):
 
 
 MAX_FOLDED_QUERIES = 64  # decode and verify blocks; longer blocks are prefill
+MIN_RUN_KEYS = 512  # the CPU flash kernel's own key block: shorter runs only add merges
+MIN_SPLIT_VERIFY_KEYS = 16384
+"""Keys a masked (verify) block needs before its keys are split (`_chunkable`): splitting
+adds a masked part and a merge a layer, which at 8K on 2 threads cost what the split saved
+(a 10-token verify 111 against 108 ms a pass) and at 32K are far outweighed (282 against
+345 ms)."""
 _SDPA_GQA = is_torch_greater_or_equal("2.5")  # scaled_dot_product_attention(enable_gqa=...)
 NATIVE_BF16 = any(
     getattr(torch.cpu, probe, lambda: False)()  # private probes: absent in some versions
@@ -186,7 +198,10 @@ def _folded(
     folded = _fold(query, kv_heads)
     tiled = [(key, value, _tiled(mask, groups, q_len)) for key, value, mask in parts]
     scale = _scale(scaling, dim)
-    if before or len(tiled) > 1:
+    chunked = len(parts) == 1 and not before and _chunkable(query, *parts[0], q_len)
+    if chunked:
+        tiled = _seen_first(*tiled[0], q_len)
+    if chunked or before or len(tiled) > 1:
         partials = [*before, *(_partial(folded, *part, scale) for part in tiled)]
         out = _merged(partials, parts[-1][1].dtype)
     elif _matmuls_faster(query):
@@ -205,6 +220,51 @@ def _matmuls_faster(query: torch.Tensor) -> bool:
     half = query.dtype in (torch.bfloat16, torch.float16)
     native = NATIVE_BF16 and query.dtype == torch.bfloat16
     return query.device.type == "cpu" and half and not native
+
+
+def _chunkable(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    q_len: int,
+) -> bool:
+    """Whether a block [1, Hq, q_len, d] goes to the flash kernel with its keys [1, Hkv, kv, d]
+    split into runs (`_flash_partial`): on the CPU, keys enough for more than one run, and
+    every key but the block's own q_len seen by every query (`_seen_first`), in a masked
+    block `MIN_SPLIT_VERIFY_KEYS` of them."""
+    seen = key.shape[-2] - (0 if mask is None else q_len)
+    return (
+        query.device.type == "cpu"
+        and _FLASH_CPU is not None
+        and not _matmuls_faster(query)
+        and _runs(key.shape[1], seen) > 1
+        and (mask is None or (seen >= MIN_SPLIT_VERIFY_KEYS and bool(mask[..., :seen].all())))
+    )
+
+
+def _seen_first(
+    key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, q_len: int
+) -> list[Part]:
+    """One part as two (a `_chunkable` one): the keys every query sees, unmasked, then the
+    block's own q_len keys under their mask columns (None: one part, every key seen)."""
+    if mask is None:
+        return [(key, value, None)]
+    seen = key.shape[-2] - q_len
+    return [
+        (key[..., :seen, :], value[..., :seen, :], None),
+        (key[..., seen:, :], value[..., seen:, :], mask[..., seen:]),
+    ]
+
+
+def _runs(kv_heads: int, keys: int) -> int:
+    """Runs of equal length to cut `keys` keys into so that every torch thread gets as many
+    (run, KV head) items of the flash kernel as the others: it parallelizes over batch and
+    heads (a decode block's few queries make one query block), so SmolLM2's 3 KV heads on 2
+    threads leave one thread idle a third of the time. Runs are no shorter than
+    `MIN_RUN_KEYS`."""
+    threads = torch.get_num_threads()
+    return max(1, min(threads // math.gcd(threads, kv_heads), keys // MIN_RUN_KEYS))
 
 
 def _fold(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -361,25 +421,78 @@ def _partial(
     under its mask [1, 1, n, kv_i] (None: every key seen); the part must leave each query
     some key (the own part always holds the query's own token). Returns the part's output
     [1, Hkv, n, d] and log-sum-exp of scores [1, Hkv, n, 1], in float32 or wider."""
-    if mask is None and query.device.type == "cpu" and _FLASH_CPU is not None:
-        # The fused kernel reads the scores once, where the steps below pass over the whole
-        # [n, kv_i] score matrix five times: a 19-token verify on an 8K prefix spent most of
-        # its time there (fp32 2.7x, bf16 on AVX2 40x slower than fused, 3 heads of 57 rows).
-        out, lse = _FLASH_CPU(query, key, value, 0.0, False, scale=scale)
-        return out.to(lse.dtype), lse.unsqueeze(-1)
+    if query.device.type != "cpu" or _FLASH_CPU is None:
+        return _scores_partial(query, key, value, mask, scale)
+    # The fused kernel reads the scores once, where `_scores_partial` passes over the whole
+    # [n, kv_i] score matrix five times: a 19-token verify on an 8K prefix spent most of its
+    # time there (fp32 2.7x, bf16 on AVX2 40x slower than fused, 3 heads of 57 rows); a
+    # verify block's masked 10 keys take 35 against 116 us.
+    if mask is None:
+        return _flash_partial(query, key, value, scale)
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=query.dtype).masked_fill_(~mask, float("-inf"))
+    out, lse = _FLASH_CPU(
+        query, key, value, 0.0, False, attn_mask=mask.to(query.dtype), scale=scale
+    )
+    return out.to(lse.dtype), lse.unsqueeze(-1)
+
+
+def _scores_partial(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> Partial:
+    """`_partial` through the whole score matrix (a masked part, or few keys)."""
     scores = _scores(query, key, mask, scale)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
     return torch.matmul(torch.exp(scores - lse).to(value.dtype), value).to(lse.dtype), lse
 
 
-def _merged(partials: list[Partial], dtype: torch.dtype) -> torch.Tensor:
-    """Attention over the concatenation of the parts `partials` came from (the cascade /
+def _flash_partial(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+) -> Partial:
+    """`_partial` of an unmasked part through the flash kernel, its keys cut into `_runs`
+    runs read as one batch (flash-decoding's split of the keys, so that every thread has
+    work: on 2 threads a decode pass of SmolLM2 in int4 took 45.8 against 50.3 ms at 8K and
+    126 against 149 ms at 32K), the few keys left over as one more run; merged as
+    `_combined`. Shapes as `_partial`'s."""
+    assert _FLASH_CPU is not None  # its callers check
+    keys = key.shape[-2]
+    runs = _runs(key.shape[1], keys)
+    length = keys // runs
+    cut = runs * length
+
+    def batched(x: torch.Tensor) -> torch.Tensor:  # [1, Hkv, kv, d] -> [runs, Hkv, length, d]
+        return x[0, :, :cut].unflatten(1, (runs, length)).transpose(0, 1)
+
+    out, lse = _FLASH_CPU(
+        query.expand(runs, -1, -1, -1), batched(key), batched(value), 0.0, False, scale=scale
+    )  # out [runs, Hkv, n, d], lse [runs, Hkv, n]
+    partials = list(zip(out.to(lse.dtype).split(1), lse.unsqueeze(-1).split(1), strict=True))
+    if cut < keys:
+        partials.append(_scores_partial(query, key[..., cut:, :], value[..., cut:, :], None, scale))
+    return _combined(partials)
+
+
+def _combined(partials: list[Partial]) -> Partial:
+    """The partial of the concatenation of the parts `partials` came from (the cascade /
     shared-prefix split of SGLang and FlashInfer): the whole softmax puts mass
-    exp(l_i - logsumexp_j l_j) on part i, so the output [1, Hkv, n, d] is sum_i o_i
-    exp(l_i - logsumexp_j l_j), up to float rounding; in `dtype` (the values')."""
+    exp(l_i - logsumexp_j l_j) on part i, so the output is sum_i o_i exp(l_i - logsumexp_j
+    l_j) and the log-sum-exp logsumexp_j l_j, up to float rounding."""
+    if len(partials) == 1:
+        return partials[0]
     sums = torch.stack([lse for _, lse in partials])  # [parts, 1, Hkv, n, 1]
     weights = torch.softmax(sums, dim=0)
-    return (weights * torch.stack([out for out, _ in partials])).sum(dim=0).to(dtype)
+    out = (weights * torch.stack([out for out, _ in partials])).sum(dim=0)
+    return out, torch.logsumexp(sums, dim=0)
+
+
+def _merged(partials: list[Partial], dtype: torch.dtype) -> torch.Tensor:
+    """Attention over the concatenation of the parts `partials` came from (`_combined`):
+    output [1, Hkv, n, d] in `dtype` (the values')."""
+    return _combined(partials)[0].to(dtype)
 
 
 def use_rapid_attention(model: PreTrainedModel) -> None:

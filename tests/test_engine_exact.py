@@ -154,6 +154,44 @@ def test_bf16_decode_and_verify_blocks_on_a_cache_view_match_float64(
     torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("q_len", [1, 9])
+@pytest.mark.parametrize("hole", [False, True], ids=["causal", "padded"])
+def test_keys_split_across_threads_match_transformers(monkeypatch, dtype, q_len, hole):
+    """A long block's keys are cut into runs, one flash call for them all, and merged by
+    their log-sum-exp (`attention._flash_partial`; a verify block's own masked keys apart):
+    the result is transformers' SDPA attention (after `repeat_kv`) in float64, to float64's
+    or bf16's precision, on a cache view of a longer buffer, with keys left over after the
+    runs. A mask with a hole in the keys every query would see (padding) is not split."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)  # 4 runs for 3 KV heads
+    monkeypatch.setattr(attention, "MIN_SPLIT_VERIFY_KEYS", 1024)
+    batches: list[int] = []
+    real = attention._FLASH_CPU
+
+    def counted(query, *args, **kwargs):
+        batches.append(query.shape[0])
+        return real(query, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "_FLASH_CPU", counted)
+    torch.manual_seed(2)
+    kv = 2101  # 4 runs of 525 keys (of 2101 - 9 seen by every query), and some left over
+    buffer = torch.randn(2, 1, 3, kv + 50, 16, dtype=torch.float64)
+    key, value = buffer[..., :kv, :]
+    query = torch.randn(1, 6, q_len, 16, dtype=torch.float64)
+    mask = attention._causal(q_len, kv, key)
+    if hole:
+        mask = torch.ones(1, 1, q_len, kv, dtype=torch.bool) if mask is None else mask.clone()
+        mask[..., 100:140] = False
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 2, False
+    want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
+    keys, values = (b.to(dtype)[..., :kv, :] for b in buffer)
+    got, _ = attention.rapid_attention(module, query.to(dtype), keys, values, mask, scaling=0.25)
+    atol = 1e-12 if dtype == torch.float64 else 2e-2
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=atol)
+    assert (4 in batches) != hole
+
+
 def test_long_prefill_chunks_keep_the_identity(engines, target, tok, monkeypatch):
     """Chunks longer than a verify block, after the first, run under a mask through
     `_gqa_prefill`; the output is still the target's own greedy decoding."""
