@@ -232,10 +232,12 @@ def _chunkable(
     """Whether a block [1, Hq, q_len, d] goes to the flash kernel with its keys [1, Hkv, kv, d]
     split into runs (`_flash_partial`): on the CPU, keys enough for more than one run, and
     every key but the block's own q_len seen by every query (`_seen_first`), in a masked
-    block `MIN_SPLIT_VERIFY_KEYS` of them."""
+    block `MIN_SPLIT_VERIFY_KEYS` of them. Never in a compiled pass (`compiled.py`): the thread
+    count and the mask's check are host decisions that would break its graph."""
     seen = key.shape[-2] - (0 if mask is None else q_len)
     return (
-        query.device.type == "cpu"
+        not torch.compiler.is_compiling()
+        and query.device.type == "cpu"
         and _FLASH_CPU is not None
         and not _matmuls_faster(query)
         and _runs(key.shape[1], seen) > 1
