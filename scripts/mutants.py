@@ -39,6 +39,7 @@ ORACLE = "tests/test_verdict_oracle.py"
 DISTRIBUTION = "tests/test_engine_distribution.py"
 BATCH = "tests/test_batch.py"
 SHARED = "tests/test_shared_prefix.py"
+EXACT = "tests/test_engine_exact.py"
 _SAMPLED_ROW = "dist = residual(p[n], ph[n], q[n], cfg.residual) if n < gamma else ph[gamma]"
 _ACCEPT = (
     "n = accepted_count(x, ph[:gamma].gather(1, idx)[:, 0], q[:gamma].gather(1, idx)[:, 0], u)"
@@ -292,6 +293,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "return mask, None if mask is None else mask[..., kv - key.shape[-2] :]",
         "return mask, None if mask is None else mask[..., kv - key.shape[-2] - 1 : -1]",
         (SHARED,),
+    ),
+    Mutant(
+        "split-keys-misaligned",
+        "the split decode attention reads its runs as if heads and runs were one axis",
+        "rapid_integrations/attention.py",
+        "return x[0, :, :cut].unflatten(1, (runs, length)).transpose(0, 1)",
+        "return x[0, :, :cut].reshape(runs, x.shape[1], length, x.shape[-1])",
+        (EXACT,),
+    ),
+    Mutant(
+        "split-keys-lose-the-rest",
+        "the split decode attention drops the keys left over after its runs",
+        "rapid_integrations/attention.py",
+        "    if cut < keys:\n",
+        "    if False:\n",
+        (EXACT,),
     ),
 )
 
