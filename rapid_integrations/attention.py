@@ -446,7 +446,8 @@ def _scores_partial(
     mask: torch.Tensor | None,
     scale: float,
 ) -> Partial:
-    """`_partial` through the whole score matrix (a masked part, or few keys)."""
+    """`_partial` through the whole score matrix: off the CPU, and for the few keys a split
+    leaves over (`_flash_partial`)."""
     scores = _scores(query, key, mask, scale)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
     return torch.matmul(torch.exp(scores - lse).to(value.dtype), value).to(lse.dtype), lse
@@ -458,8 +459,8 @@ def _flash_partial(
     """`_partial` of an unmasked part through the flash kernel, its keys cut into `_runs`
     runs read as one batch (flash-decoding's split of the keys, so that every thread has
     work: on 2 threads a decode pass of SmolLM2 in int4 took 45.8 against 50.3 ms at 8K and
-    126 against 149 ms at 32K), the few keys left over as one more run; merged as
-    `_combined`. Shapes as `_partial`'s."""
+    126 against 149 ms at 32K), the few keys left over one more part (`_scores_partial`);
+    merged as `_combined`. Shapes as `_partial`'s."""
     assert _FLASH_CPU is not None  # its callers check
     keys = key.shape[-2]
     runs = _runs(key.shape[1], keys)
