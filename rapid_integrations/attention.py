@@ -424,7 +424,7 @@ def _partial(
     some key (the own part always holds the query's own token). Returns the part's output
     [1, Hkv, n, d] and log-sum-exp of scores [1, Hkv, n, 1], in float32 or wider."""
     if query.device.type != "cpu" or _FLASH_CPU is None:
-        return _scores_partial(query, key, value, mask, scale)
+        return _scores_partial(query, (key, value, mask), scale)
     # The fused kernel reads the scores once, where `_scores_partial` passes over the whole
     # [n, kv_i] score matrix five times: a 19-token verify on an 8K prefix spent most of its
     # time there (fp32 2.7x, bf16 on AVX2 40x slower than fused, 3 heads of 57 rows); a
@@ -439,15 +439,10 @@ def _partial(
     return out.to(lse.dtype), lse.unsqueeze(-1)
 
 
-def _scores_partial(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    scale: float,
-) -> Partial:
-    """`_partial` through the whole score matrix: off the CPU, and for the few keys a split
-    leaves over (`_flash_partial`)."""
+def _scores_partial(query: torch.Tensor, part: Part, scale: float) -> Partial:
+    """`_partial` of `part` (keys, values, mask) through the whole score matrix: off the CPU,
+    and for the few keys a split leaves over (`_flash_partial`)."""
+    key, value, mask = part
     scores = _scores(query, key, mask, scale)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
     return torch.matmul(torch.exp(scores - lse).to(value.dtype), value).to(lse.dtype), lse
@@ -475,7 +470,9 @@ def _flash_partial(
     )  # out [runs, Hkv, n, d], lse [runs, Hkv, n]
     partials = list(zip(out.to(lse.dtype).split(1), lse.unsqueeze(-1).split(1), strict=True))
     if cut < keys:
-        partials.append(_scores_partial(query, key[..., cut:, :], value[..., cut:, :], None, scale))
+        partials.append(
+            _scores_partial(query, (key[..., cut:, :], value[..., cut:, :], None), scale)
+        )
     return _combined(partials)
 
 
