@@ -174,7 +174,7 @@ def test_keys_split_across_threads_match_transformers(monkeypatch, dtype, q_len,
 
     monkeypatch.setattr(attention, "_FLASH_CPU", counted)
     torch.manual_seed(2)
-    kv = 2101  # 4 runs of 525 keys (of 2101 - 9 seen by every query), and some left over
+    kv = 2101  # one query: 4 runs of 525 keys and 1 left over; nine: 4 of 523, 9 masked
     buffer = torch.randn(2, 1, 3, kv + 50, 16, dtype=torch.float64)
     key, value = buffer[..., :kv, :]
     query = torch.randn(1, 6, q_len, 16, dtype=torch.float64)
