@@ -28,7 +28,7 @@ from .call_options import ENGINE_RETRIEVER, CallOptions
 from .compiled import compile_decode
 from .config import DRAFT_PRECISIONS, TARGET_PRECISIONS, Mode, RapidConfig, check_choice
 from .constraints import Constraints
-from .drafting import LookupFirst, LookupProposer, ModelProposer, Proposer
+from .drafting import DraftHead, LookupFirst, LookupProposer, ModelProposer, Proposer
 from .errors import (
     ContextWindowExceededError,
     DeviceOutOfMemoryError,
@@ -37,7 +37,7 @@ from .errors import (
     RapidInputError,
     VocabularyMismatchError,
 )
-from .kv import Feed, Forwards, KVState, check_cache_layout
+from .kv import Feed, Forwards, KVState, check_cache_layout, reads_hidden
 from .logprobs import LogprobScorer, token_bytes
 from .models import (
     LoadOptions,
@@ -585,7 +585,10 @@ class RapidEngine:
         draft = yield from self._start(self.draft, plan.draft_ids, limit, cfg, draft=True)
         stats.draft_cached_prefix_tokens = draft.reused_tokens
         shaping = self._constraints(plan, self.draft, "the draft model")
-        model = ModelProposer(draft, cfg, draft_gen, shaping, eos)
+        # A greedy unshaped pick is an argmax among the call's ids and the commonest ones.
+        prompts = plan.ids + plan.draft_ids if cfg.greedy and shaping is None else None
+        head = DraftHead.reading(self.draft, self.vocab_size, prompts) if draft.hidden else None
+        model = ModelProposer(draft, cfg, draft_gen, shaping, eos, head)
         # The lookup's copies bypass the draft's constraints (its matcher and history
         # would fall behind), so it drafts only for calls with nothing to shape.
         if cfg.lookup_ngram and shaping is None:
@@ -671,6 +674,7 @@ class RapidEngine:
                 cfg.prefix_cache_bytes,
                 draft,
                 self.draft_decode if draft else None,
+                draft and reads_hidden(model),  # the draft heads its rows (`DraftHead`)
             )
         )
 

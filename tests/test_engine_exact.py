@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from rapid_integrations import RapidConfig, RapidEngine, attention
+from rapid_integrations import RapidConfig, RapidEngine, attention, drafting
 from tests.tiny import greedy_mismatches, greedy_picks, reference_greedy, tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
@@ -229,6 +229,65 @@ def test_eta_positive_greedy_is_deterministic_and_leans_to_draft(tok, target, dr
         )
     # A strong pull toward the draft makes the target agree with it more often.
     assert sum(r for r, _ in rates) > sum(b for _, b in rates)
+
+
+@pytest.mark.parametrize("eta", [0.0, 5.0])
+def test_greedy_picks_among_part_of_the_vocabulary_keep_the_output(
+    tok, target, draft, monkeypatch, eta
+):
+    """docs/algorithm.md section 3: a greedy verdict emits argmax p_hat whatever was drafted,
+    so a draft that picks among a part of the vocabulary (`DraftHead`) changes the drafts,
+    not the text; at eta > 0 its q stays the whole head's, as p_hat reads it."""
+    engine = RapidEngine(
+        target,
+        draft,
+        tokenizer=tok,
+        config=RapidConfig(eta=eta, max_new_tokens=24, ignore_eos=True, lookup_ngram=0),
+    )
+    rng = random.Random(11)
+    # Prompts of four letters: the part is ids 0-2 and theirs, 7 of the 14.
+    prompts = ["".join(rng.choice("abc ") for _ in range(rng.randint(8, 40))) for _ in range(8)]
+    whole = [engine.generate(p, p[2:12]) for p in prompts]
+    picked: list[int] = []
+    real_picks = drafting.DraftHead.picks
+
+    def spied(self: drafting.DraftHead, rows: torch.Tensor) -> torch.Tensor:
+        out = real_picks(self, rows)
+        picked.extend(out.tolist())
+        return out
+
+    monkeypatch.setattr(drafting, "PICK_VOCAB", 3)
+    monkeypatch.setattr(drafting.DraftHead, "picks", spied)
+    changed = 0
+    for prompt, before in zip(prompts, whole, strict=True):
+        part = {0, 1, 2, *tok.encode(prompt)}
+        picked.clear()
+        after = engine.generate(prompt, prompt[2:12])
+        assert after.token_ids == before.token_ids
+        assert picked and set(picked) <= part
+        counts = (before.stats.drafted_tokens, before.stats.accepted_tokens)
+        changed += counts != (after.stats.drafted_tokens, after.stats.accepted_tokens)
+    assert changed  # the part changed some drafts: the identity above was put to the test
+
+
+def test_draft_head_picks_the_argmax_of_its_part(tok, draft, monkeypatch):
+    """`DraftHead.picks` is the argmax of the whole head's logits among the part's ids (the
+    first `PICK_VOCAB` and the prompts'), as ids; `logits` is the whole head's."""
+    monkeypatch.setattr(drafting, "PICK_VOCAB", 4)
+    vocab = len(tok)
+    head = drafting.DraftHead.reading(draft, vocab, [9, 7, 9])
+    rows = torch.randn(64, draft.config.hidden_size, dtype=draft.dtype)
+    logits = draft.lm_head(rows)[:, :vocab]
+    assert torch.equal(head.logits(rows), logits)
+    part = torch.tensor([0, 1, 2, 3, 7, 9])
+    outside = torch.ones(vocab, dtype=torch.bool)
+    outside[part] = False
+    expected = logits.masked_fill(outside, float("-inf")).argmax(-1)
+    assert torch.equal(head.picks(rows), expected)
+    assert not torch.equal(expected, logits.argmax(-1))  # the part changed some picks
+    assert torch.equal(
+        drafting.DraftHead.reading(draft, vocab, None).picks(rows), logits.argmax(-1)
+    )
 
 
 def test_float32_model_matches_too():
