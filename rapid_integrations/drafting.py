@@ -20,7 +20,7 @@ model vet them as it drafts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
@@ -106,10 +106,7 @@ class ModelProposer:
         self._cfg = config
         self._gen = generator
         self._need_q = needs_q(config)
-        # A greedy unshaped pick needs only the argmax (`DraftHead.picks`): its q, which the
-        # verdict reads at eta > 0, waits for the proposal's end, read for all its drafts at
-        # once (`_filled`); a sampled or shaped pick reads its q as it picks.
-        self._picks_only = config.greedy and constraints is None
+        self._picked, self._missed = 0, 0  # drafts of parted picks, and those not q's argmax
         # eta > 0: the draft reads x_k too, so the bonus row has q and follows p_hat
         # (docs/algorithm.md section 2.7); a grammar's bonus row keeps p.
         self.reads_ahead = config.eta > 0 and constraints is None
@@ -121,6 +118,13 @@ class ModelProposer:
     @property
     def copies(self) -> int:
         return len(self.copied_at)
+
+    @property
+    def _picks_only(self) -> bool:
+        """Whether a pick reads only its argmax among the head's part (`DraftHead.picks`):
+        greedy, unshaped, with a part; its q, which the verdict reads at eta > 0, waits for
+        the proposal's end, headed for all its drafts at once (`_filled`)."""
+        return self._cfg.greedy and self._constraints is None and self._head.parted
 
     @property
     def lookup_counts(self) -> tuple[int, int]:
@@ -187,13 +191,17 @@ class ModelProposer:
         rows = (yield self._feed(torch.cat([tail, copies])))[-(k + 1) :]  # [k + 1, V or d]
         if not k:
             return rows[0], None
-        q = None  # [k, V]: a greedy verdict's waits for the proposal's end (`_filled`)
-        if self._cfg.greedy:
+        q = None  # [k, V]: read at the proposal's end after parted picks (`_filled`)
+        if self._picks_only:
             keep = self._head.picks(rows[:k]) == copies
         else:
-            q = self._q(self._head.logits(rows[:k]))
-            u = torch.rand(k, generator=self._gen, device=q.device)
-            keep = u < q.gather(1, copies[:, None])[:, 0]
+            logits = self._head.logits(rows[:k])
+            q = self._q(logits) if self._need_q else None
+            if q is None or self._cfg.greedy:
+                keep = logits.argmax(-1) == copies
+            else:
+                u = torch.rand(k, generator=self._gen, device=q.device)
+                keep = u < q.gather(1, copies[:, None])[:, 0]
         # Kept up to the first copy not kept, or through the first end id (then drafting stops).
         keep[1:] &= ~torch.isin(copies[:-1], self._end_tensor)
         kept = int(keep.int().cumprod(0).sum())
@@ -232,11 +240,24 @@ class ModelProposer:
         """The drafts' q [n, V]: those read as they were picked, the rest from their rows,
         headed together (one read of the draft's head for the whole proposal)."""
         waiting = [i for i, q in enumerate(qs.qs) if q is None]
-        if waiting:
-            rows = torch.stack([qs.rows[i] for i in waiting])
-            for i, q in zip(waiting, self._q(self._head.logits(rows)), strict=True):
-                qs.qs[i] = q
-        return torch.stack(cast(list[torch.Tensor], qs.qs))
+        if not waiting:
+            return torch.stack(cast(list[torch.Tensor], qs.qs))
+        rows = torch.stack([qs.rows[i] for i in waiting])
+        for i, q in zip(waiting, self._q(self._head.logits(rows)), strict=True):
+            qs.qs[i] = q
+        q = torch.stack(cast(list[torch.Tensor], qs.qs))
+        if self._head.parted:
+            self._count_misses(q[: self._x.numel()])
+        return q
+
+    def _count_misses(self, q: torch.Tensor) -> None:
+        """Count the proposal's drafts (q [k, V] theirs) that are not q's argmax: picks whose
+        argmax lay outside the head's part. Past `MAX_MISSES` of the call's picks, the call
+        picks among the whole vocabulary from its next proposal on (`DraftHead.whole`)."""
+        self._picked += self._x.numel()
+        self._missed += int((q.argmax(-1) != self._x).sum())
+        if self._picked >= MIN_PICKS and self._missed > MAX_MISSES * self._picked:
+            self._head = self._head.whole()
 
     def _shaped(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [V] through the call's constraints (docs/algorithm.md section 9); the
@@ -315,20 +336,12 @@ class ModelProposer:
         self.state.append(tokens)
 
 
-PICK_VOCAB = 8192
-"""Ids a greedy draft picks among (`DraftHead`), besides every id of its call's prompts: the
-first ones of a byte-level BPE vocabulary are its earliest merges, its most frequent tokens,
-and a prompt's own ids are what the lookup copies. SmolLM2's head over its 49,152 ids took
-3.5 of a compiled int4 draft pass's 13.6 ms at 8K; over 8,192 of them the pass took 10.7
-(docs/performance.md, "Why these defaults")."""
-
-
 class DraftHead:
     """How the proposer reads a draft pass's rows: logits [n, V] as they are (no `head`), or
     the body's hidden states [n, d] (`KVState.hidden`) through the draft's output `head`.
 
     A greedy pick with nothing shaping it needs only the argmax (`picks`); with `pick_from`
-    ([S] ids, ascending) it is taken among those S ids alone, the head's rows for them
+    ([S] ids, ascending: `draft_pick_vocab`'s) it is taken among those S ids alone, the head's rows for them
     gathered once per call, so a pass reads S x d of the head, not V x d. The argmax of the
     whole head is that of the part whenever it lies in the part (ties go to the lower id in
     both), and a greedy verdict emits argmax p_hat whatever was drafted (docs/algorithm.md
@@ -351,15 +364,29 @@ class DraftHead:
             )
 
     @classmethod
-    def reading(cls, model: PreTrainedModel, vocab: int, prompts: list[int] | None) -> DraftHead:
+    def reading(
+        cls, model: PreTrainedModel, vocab: int, first: int = 0, prompts: Sequence[int] = ()
+    ) -> DraftHead:
         """The head of a draft whose passes send back hidden states: `model`'s output head,
-        a greedy pick among the first `PICK_VOCAB` ids and the ids of `prompts` (None: among
-        all; so also where the head is no plain Linear, whose rows cannot be gathered)."""
+        a greedy pick among the `first` ids and those of `prompts` (`first` 0: among all;
+        so also where the head is no plain Linear, whose rows cannot be gathered). The first
+        ids of a byte-level BPE vocabulary are its earliest merges, its commonest tokens, and
+        a prompt's own ids are what the lookup copies (docs/performance.md, "Why these
+        defaults")."""
         head = cast(torch.nn.Module, model.get_output_embeddings())
-        if prompts is None or type(head) is not torch.nn.Linear or vocab <= PICK_VOCAB:
+        if not first or type(head) is not torch.nn.Linear or vocab <= first:
             return cls(head, vocab)
-        ids = set(range(PICK_VOCAB)).union(i for i in prompts if i < vocab)
+        ids = set(range(first)).union(i for i in prompts if i < vocab)
         return cls(head, vocab, torch.tensor(sorted(ids), device=head.weight.device))
+
+    @property
+    def parted(self) -> bool:
+        """Whether greedy picks are taken among a part of the vocabulary."""
+        return self._part is not None
+
+    def whole(self) -> DraftHead:
+        """This head, its picks among the whole vocabulary."""
+        return DraftHead(self._head, self._vocab)
 
     def logits(self, rows: torch.Tensor) -> torch.Tensor:
         """The draft's logits [n, V] at rows [n, V or d]."""
@@ -371,6 +398,16 @@ class DraftHead:
         if self._part is None or self._ids is None:
             return self.logits(rows).argmax(-1)
         return self._ids[torch.nn.functional.linear(rows, *self._part).argmax(-1)]
+
+
+MAX_MISSES = 0.03
+"""The share of a call's parted picks (`DraftHead.picks`) not q's argmax above which the call
+picks among the whole vocabulary. A miss is a draft the verdict will likely reject, and the
+drafts after it go with it: at 8K from int4 weights a pass over a part of 8,192 ids took 10.7
+against 13.6 ms, 8 of them a proposal, so a part pays while misses stay under about 3% of
+picks (docs/performance.md, "Why these defaults"); free text past a document missed 7-9%."""
+MIN_PICKS = 32
+"""Parted picks a call makes before its misses are weighed (`MAX_MISSES`)."""
 
 
 @dataclass

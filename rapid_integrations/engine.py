@@ -585,9 +585,15 @@ class RapidEngine:
         draft = yield from self._start(self.draft, plan.draft_ids, limit, cfg, draft=True)
         stats.draft_cached_prefix_tokens = draft.reused_tokens
         shaping = self._constraints(plan, self.draft, "the draft model")
-        # A greedy unshaped pick is an argmax among the call's ids and the commonest ones.
-        prompts = plan.ids + plan.draft_ids if cfg.greedy and shaping is None else None
-        head = DraftHead.reading(self.draft, self.vocab_size, prompts) if draft.hidden else None
+        # A greedy unshaped pick is an argmax among the commonest ids and the call's own,
+        # where q is read (eta > 0): it tells the picks that missed (`MAX_MISSES`).
+        parted = cfg.greedy and shaping is None and cfg.eta > 0
+        first = cfg.draft_pick_vocab if parted else 0
+        head = (
+            DraftHead.reading(self.draft, self.vocab_size, first, plan.ids + plan.draft_ids)
+            if draft.hidden
+            else None
+        )
         model = ModelProposer(draft, cfg, draft_gen, shaping, eos, head)
         # The lookup's copies bypass the draft's constraints (its matcher and history
         # would fall behind), so it drafts only for calls with nothing to shape.
