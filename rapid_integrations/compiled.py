@@ -25,7 +25,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .errors import RapidConfigError
-from .kv import KVState, reads_hidden
+from .kv import KVState
 
 REGISTRY = "_CAN_RECORD_REGISTRY"
 """transformers' dict of model classes (`utils/output_capturing.py`), read by every forward."""
@@ -44,18 +44,11 @@ class CompiledDecode(torch.nn.Module):
     def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.model = model
-        # A model whose logits are its head's alone compiles its body: the caller heads the
-        # rows it needs (`kv._rows`), the draft a part of the vocabulary (`DraftHead`).
-        self.body = reads_hidden(model)
-        compiled = model.get_decoder() if self.body else model
         self._compiled = torch.compile(
-            compiled.forward, dynamic=True, options={"guard_filter_fn": _without_registry_guards}
+            model.forward, dynamic=True, options={"guard_filter_fn": _without_registry_guards}
         )
 
     def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
-        """The model's output for ids [1, t]: its logits, or the body's last hidden states."""
-        if self.body:
-            kwargs.pop("logits_to_keep", None)  # `kv._rows` keeps the rows
         # A fresh tensor [1, t]: the ids are often views into the prompt or the drafts, and
         # dynamo would guard on their storage offset (one more graph for offsets 0 and 1).
         return self._compiled(input_ids=input_ids.clone(), **kwargs)

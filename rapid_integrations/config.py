@@ -133,18 +133,13 @@ class RapidConfig:
     #     drafts, keeping those its own drafting would give: the output is unchanged, only
     #     faster;
     # lookup_tokens  the most copies one proposal holds (transformers'
-    #     prompt_lookup_num_tokens): unlike the model's gamma drafts, copies cost no draft steps;
-    # draft_pick_vocab  at eta > 0 a greedy draft with nothing shaping its logits picks its
-    #     argmax among the first this many ids and those of the call's prompts, reading only
-    #     their rows of its output head, until more than 3% of its picks miss q's argmax
-    #     (0 = among all ids): the output is unchanged, only the drafts (section 3).
+    #     prompt_lookup_num_tokens): unlike the model's gamma drafts, copies cost no draft steps.
     draft_confidence_threshold: float = 0.0
     adaptive_gamma: bool | Literal["measured"] = False
     gamma_max: int = 32
     speculate_min_context: int | Literal["auto"] = 0
     lookup_ngram: int = 3
     lookup_tokens: int = 10
-    draft_pick_vocab: int = 8192
     # Log probabilities of the emitted tokens (docs/algorithm.md section 12), computed only
     # when asked: `RapidOutput.logprobs` and `Delta.logprobs` hold one entry per token id.
     # logprobs        the deciding model's raw log-softmax of each emitted token;
@@ -302,7 +297,6 @@ _DRAFTING_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
         "must be 0 (off) or an integer in [2, 8]",
     ),
     ("lookup_tokens", lambda v: _int(v) and 1 <= v <= 64, "must be an integer in [1, 64]"),
-    ("draft_pick_vocab", lambda v: _int(v) and v >= 0, "must be an integer >= 0"),
 )
 
 # Checks of one field against another, run after every field passed its own check.

@@ -20,12 +20,10 @@ model vet them as it drafts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol, cast
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
-from transformers import PreTrainedModel
 
 from .config import RapidConfig
 from .constraints import Constraints
@@ -92,10 +90,8 @@ class ModelProposer:
         generator: torch.Generator,
         constraints: Constraints | None = None,
         end_ids: frozenset[int] = frozenset(),
-        head: DraftHead | None = None,
     ) -> None:
         self.state = state
-        self._head = head if head is not None else DraftHead()
         self._constraints = constraints
         # Ids that end the call: nothing drafted after one can be emitted (kept, it ends the
         # call; rejected, the drafts after it go too), so drafting stops there.
@@ -106,7 +102,6 @@ class ModelProposer:
         self._cfg = config
         self._gen = generator
         self._need_q = needs_q(config)
-        self._picked, self._missed = 0, 0  # drafts of parted picks, and those not q's argmax
         # eta > 0: the draft reads x_k too, so the bonus row has q and follows p_hat
         # (docs/algorithm.md section 2.7); a grammar's bonus row keeps p.
         self.reads_ahead = config.eta > 0 and constraints is None
@@ -118,13 +113,6 @@ class ModelProposer:
     @property
     def copies(self) -> int:
         return len(self.copied_at)
-
-    @property
-    def _picks_only(self) -> bool:
-        """Whether a pick reads only its argmax among the head's part (`DraftHead.picks`):
-        greedy, unshaped, with a part; its q, which the verdict reads at eta > 0, waits for
-        the proposal's end, headed for all its drafts at once (`_filled`)."""
-        return self._cfg.greedy and self._constraints is None and self._head.parted
 
     @property
     def lookup_counts(self) -> tuple[int, int]:
@@ -146,82 +134,77 @@ class ModelProposer:
             self._x, self._fed = self._x[:0], 0
             return self._x, None
         xs: list[torch.Tensor] = []  # drafts [1] ...
-        qs = _Qs()  # ... their q [V] (read only when the verdict needs q)
-        picked: list[torch.Tensor] = []  # the row (logits [V] or hidden [d]) of each model pick
+        qs: list[torch.Tensor] = []  # ... their q [V]
+        picked: list[torch.Tensor] = []  # the logits [V] of each model pick
         tail = self._x[:0]  # what the draft reads next: its pending tokens, then the last pick
         limit = max(gamma, room)
         while True:
-            row, unkept = yield from self._read(tail, xs, qs, limit, find)
+            logits, unkept = yield from self._read(tail, xs, qs, limit, find)
             if len(picked) >= gamma or len(xs) >= limit or self._ended(xs):
-                read_all = True  # nothing left to pick: the bonus row is `row`
+                read_all = True  # nothing left to pick: the bonus row is `logits`
                 break
-            tail, q = self._pick(row, unkept)
+            tail, q = self._pick(self._shaped(logits), unkept)
             if self._constraints is not None:
                 self._constraints.advance(tail)
             xs.append(tail)
-            qs.add(q, row)
-            picked.append(row)
+            if q is not None:  # None when the verdict needs no q: then qs is never read
+                qs.append(q)
+            picked.append(logits)
             more = len(picked) < gamma and len(xs) < limit
             # One sync per draft step, as the confidence threshold's: a draft past an end id
             # would cost a whole draft step.
-            if not (more and self._confident(row, tail, q) and not self._ends(tail)):
+            if not (more and self._confident(logits, tail, q) and not self._ends(tail)):
                 read_all = False
                 break
-        return (yield from self._finish(xs, qs, picked, row if read_all else None))
+        return (yield from self._finish(xs, qs, picked, logits if read_all else None))
 
     def _read(
         self,
         tail: torch.Tensor,
         xs: list[torch.Tensor],
-        qs: _Qs,
+        qs: list[torch.Tensor],
         limit: int,
         find: Find | None,
     ) -> Forwards[tuple[torch.Tensor, torch.Tensor | None]]:
         """One forward pass of the draft over `tail` ([t] ids) and the copies `find` offers
         after the drafts xs (up to `limit` drafts in all). Copy i is kept with probability
-        q_i(x_i), a one-hot proposal's acceptance (greedy: while each is the draft's own
-        pick, `DraftHead.picks`), and the kept prefix joins xs and qs, so every draft is
-        distributed as the draft's picks, as if the draft had drafted it. Returns the draft's
-        row (logits [V] or hidden [d]) past xs and the first copy it did not keep ([1]; None
-        if none): the next pick comes from q without it, so it follows q too."""
+        q_i(x_i), a one-hot proposal's acceptance (greedy: while each is q's argmax, the
+        draft's own pick), and the kept prefix joins xs and qs, so every draft is distributed
+        as q, as if the draft had drafted it. Returns the draft's logits [V] past xs and the
+        first copy it did not keep ([1]; None if none): the next pick comes from q without
+        it, so it follows q too."""
         n = min(limit - len(xs), self._cfg.lookup_tokens - self.copies)
         found = find(torch.cat(xs).tolist() if xs else [], n) if find and n > 0 else []
         copies = torch.tensor(found, dtype=torch.long, device=tail.device)
         k = copies.numel()
-        rows = (yield self._feed(torch.cat([tail, copies])))[-(k + 1) :]  # [k + 1, V or d]
+        rows = (yield self._feed(torch.cat([tail, copies])))[-(k + 1) :]  # [k + 1, V] logits
         if not k:
             return rows[0], None
-        q = None  # [k, V]: read at the proposal's end after parted picks (`_filled`)
-        if self._picks_only:
-            keep = self._head.picks(rows[:k]) == copies
+        q = self._q(rows[:k]) if self._need_q else None  # [k, V]
+        if q is None or self._cfg.greedy:
+            keep = rows[:k].argmax(-1) == copies
         else:
-            logits = self._head.logits(rows[:k])
-            q = self._q(logits) if self._need_q else None
-            if q is None or self._cfg.greedy:
-                keep = logits.argmax(-1) == copies
-            else:
-                u = torch.rand(k, generator=self._gen, device=q.device)
-                keep = u < q.gather(1, copies[:, None])[:, 0]
+            u = torch.rand(k, generator=self._gen, device=q.device)
+            keep = u < q.gather(1, copies[:, None])[:, 0]
         # Kept up to the first copy not kept, or through the first end id (then drafting stops).
         keep[1:] &= ~torch.isin(copies[:-1], self._end_tensor)
         kept = int(keep.int().cumprod(0).sum())
         self.state.rollback(k - kept)
         self.copied_at += range(len(xs), len(xs) + kept)
         xs.extend(copies[:kept, None])  # [1] each
-        for i in range(kept):
-            qs.add(None if q is None else q[i], rows[i])
+        qs.extend(q[:kept] if q is not None else [])
         return rows[kept], (copies[kept : kept + 1] if kept < k else None)
 
     def _finish(
         self,
         xs: list[torch.Tensor],
-        qs: _Qs,
+        qs: list[torch.Tensor],
         picked: list[torch.Tensor],
         past: torch.Tensor | None,
     ) -> Forwards[tuple[torch.Tensor, torch.Tensor | None]]:
-        """The proposal from drafts xs, their q and the model picks' rows; `past` [V or d]:
-        the draft's row past every draft (it has read them all), None when it has not read
-        the last pick. With eta > 0 the bonus row's q comes from `past`, or from one more
+        """The proposal from drafts xs, their q rows and the model picks' logits; `past` [V]:
+        the draft's logits past every draft (it has read them all), None when it has not
+        read the last pick. With eta > 0 the bonus row's q comes from `past`, or from one more
         forward pass over the last pick (none after an end id: it is never emitted)."""
         self._x = torch.cat(xs) if xs else self._x[:0]
         self._fed = len(xs) - (past is None)
@@ -229,35 +212,12 @@ class ModelProposer:
             if past is None:
                 past = (yield self._feed(xs[-1]))[-1]
                 self._fed += 1
-            qs.add(None, past)
+            qs.append(self._q(past[None])[0])
         if not self._need_q and picked:
             # log_probs checks the logits whenever q is computed; once per proposal here, as a
             # check per step would wait on the device between draft steps.
             check_finite(torch.stack(picked), "the draft model")
-        return self._x, (self._filled(qs) if self._need_q and qs.rows else None)
-
-    def _filled(self, qs: _Qs) -> torch.Tensor:
-        """The drafts' q [n, V]: those read as they were picked, the rest from their rows,
-        headed together (one read of the draft's head for the whole proposal)."""
-        waiting = [i for i, q in enumerate(qs.qs) if q is None]
-        if not waiting:
-            return torch.stack(cast(list[torch.Tensor], qs.qs))
-        rows = torch.stack([qs.rows[i] for i in waiting])
-        for i, q in zip(waiting, self._q(self._head.logits(rows)), strict=True):
-            qs.qs[i] = q
-        q = torch.stack(cast(list[torch.Tensor], qs.qs))
-        if self._head.parted:
-            self._count_misses(q[: self._x.numel()])
-        return q
-
-    def _count_misses(self, q: torch.Tensor) -> None:
-        """Count the proposal's drafts (q [k, V] theirs) that are not q's argmax: picks whose
-        argmax lay outside the head's part. Past `MAX_MISSES` of the call's picks, the call
-        picks among the whole vocabulary from its next proposal on (`DraftHead.whole`)."""
-        self._picked += self._x.numel()
-        self._missed += int((q.argmax(-1) != self._x).sum())
-        if self._picked >= MIN_PICKS and self._missed > MAX_MISSES * self._picked:
-            self._head = self._head.whole()
+        return self._x, (torch.stack(qs) if self._need_q and qs else None)
 
     def _shaped(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [V] through the call's constraints (docs/algorithm.md section 9); the
@@ -267,15 +227,11 @@ class ModelProposer:
         return self._constraints.apply(logits[None], logits.new_empty(0, dtype=torch.long))[0]
 
     def _pick(
-        self, row: torch.Tensor, unkept: torch.Tensor | None = None
+        self, logits: torch.Tensor, unkept: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One draft token [1] from the draft's row (logits [V] or hidden [d]), with q [V]
-        when needed now (`_picks_only`: later). `unkept` [1]: a copy the draft did not keep
-        (`_read`), so the token comes from q without it, q's residual after a one-hot
-        proposal; greedy needs no change, as its pick is not that copy."""
-        if self._picks_only:
-            return self._head.picks(row[None]), None
-        logits = self._shaped(self._head.logits(row[None])[0])
+        """One draft token [1] from logits [V], with q [V] when needed. `unkept` [1]: a copy
+        the draft did not keep (`_read`), so the token comes from q without it, q's residual
+        after a one-hot proposal; greedy needs no change, as the argmax is not that copy."""
         if self._cfg.greedy:
             q = self._q(logits[None])[0] if self._need_q else None
             return logits.argmax(-1, keepdim=True), q
@@ -290,14 +246,14 @@ class ModelProposer:
             return log_probs(logits, 0.0, 1.0).exp()
         return log_probs(logits, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p).exp()
 
-    def _confident(self, row: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None) -> bool:
-        """Whether to draft past `x` [1], picked from the draft's `row` (q [V] its
-        distribution, or None): its draft probability reaches the confidence threshold (as
-        transformers' ConfidenceCriteria: the low-confidence token itself is proposed)."""
+    def _confident(self, logits: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None) -> bool:
+        """Whether to draft past `x` [1], picked from `logits` [V] (q [V] its distribution, or
+        None): its draft probability reaches the confidence threshold (as transformers'
+        ConfidenceCriteria: the low-confidence token itself is proposed)."""
         threshold = self._cfg.draft_confidence_threshold
         if threshold <= 0:
             return True
-        probs = q if q is not None else torch.softmax(self._head.logits(row[None])[0].float(), -1)
+        probs = q if q is not None else torch.softmax(logits.float(), dim=-1)
         return bool(probs[x] >= threshold)
 
     def _ends(self, x: torch.Tensor) -> bool:
@@ -313,7 +269,7 @@ class ModelProposer:
         self._x, self._fed, self.copied_at = self._x[:0], 0, []
         if not self.reads_ahead:
             return None
-        return self._q(self._head.logits((yield self._feed())[-1:]))
+        return self._q((yield self._feed())[-1:])
 
     def _feed(self, tokens: torch.Tensor | None = None) -> Feed:
         """A forward pass of the draft over its pending tokens and `tokens` ([k] ids)."""
@@ -334,93 +290,6 @@ class ModelProposer:
         if self._constraints is not None:
             self._constraints.settle(0, tokens)
         self.state.append(tokens)
-
-
-class DraftHead:
-    """How the proposer reads a draft pass's rows: logits [n, V] as they are (no `head`), or
-    the body's hidden states [n, d] (`KVState.hidden`) through the draft's output `head`.
-
-    A greedy pick with nothing shaping it needs only the argmax (`picks`); with `pick_from`
-    ([S] ids, ascending: `draft_pick_vocab`'s) it is taken among those S ids alone, the head's rows for them
-    gathered once per call, so a pass reads S x d of the head, not V x d. The argmax of the
-    whole head is that of the part whenever it lies in the part (ties go to the lower id in
-    both), and a greedy verdict emits argmax p_hat whatever was drafted (docs/algorithm.md
-    section 3): the part changes which drafts are offered, never the output. q, which the
-    verdict reads at eta > 0, is always the whole head's (`logits`)."""
-
-    def __init__(
-        self,
-        head: torch.nn.Module | None = None,
-        vocab: int = 0,
-        pick_from: torch.Tensor | None = None,
-    ) -> None:
-        self._head, self._vocab, self._ids = head, vocab, pick_from
-        self._part: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        if head is not None and pick_from is not None:
-            bias = cast(torch.Tensor | None, head.bias)
-            self._part = (
-                cast(torch.Tensor, head.weight).index_select(0, pick_from),  # [S, d]
-                None if bias is None else bias.index_select(0, pick_from),  # [S]
-            )
-
-    @classmethod
-    def reading(
-        cls, model: PreTrainedModel, vocab: int, first: int = 0, prompts: Sequence[int] = ()
-    ) -> DraftHead:
-        """The head of a draft whose passes send back hidden states: `model`'s output head,
-        a greedy pick among the `first` ids and those of `prompts` (`first` 0: among all;
-        so also where the head is no plain Linear, whose rows cannot be gathered). The first
-        ids of a byte-level BPE vocabulary are its earliest merges, its commonest tokens, and
-        a prompt's own ids are what the lookup copies (docs/performance.md, "Why these
-        defaults")."""
-        head = cast(torch.nn.Module, model.get_output_embeddings())
-        if not first or type(head) is not torch.nn.Linear or vocab <= first:
-            return cls(head, vocab)
-        ids = set(range(first)).union(i for i in prompts if i < vocab)
-        return cls(head, vocab, torch.tensor(sorted(ids), device=head.weight.device))
-
-    @property
-    def parted(self) -> bool:
-        """Whether greedy picks are taken among a part of the vocabulary."""
-        return self._part is not None
-
-    def whole(self) -> DraftHead:
-        """This head, its picks among the whole vocabulary."""
-        return DraftHead(self._head, self._vocab)
-
-    def logits(self, rows: torch.Tensor) -> torch.Tensor:
-        """The draft's logits [n, V] at rows [n, V or d]."""
-        return rows if self._head is None else self._head(rows)[..., : self._vocab]
-
-    def picks(self, rows: torch.Tensor) -> torch.Tensor:
-        """The greedy picks [n] (int64) at rows [n, V or d]: the argmax of the logits, over
-        `pick_from` where the head has one."""
-        if self._part is None or self._ids is None:
-            return self.logits(rows).argmax(-1)
-        return self._ids[torch.nn.functional.linear(rows, *self._part).argmax(-1)]
-
-
-MAX_MISSES = 0.03
-"""The share of a call's parted picks (`DraftHead.picks`) not q's argmax above which the call
-picks among the whole vocabulary. A miss is a draft the verdict will likely reject, and the
-drafts after it go with it: at 8K from int4 weights a pass over a part of 8,192 ids took 10.7
-against 13.6 ms, 8 of them a proposal, so a part pays while misses stay under about 3% of
-picks (docs/performance.md, "Why these defaults"); free text past a document missed 7-9%."""
-MIN_PICKS = 32
-"""Parted picks a call makes before its misses are weighed (`MAX_MISSES`)."""
-
-
-@dataclass
-class _Qs:
-    """A proposal's drafts' q [V] (None: not read yet, `ModelProposer._filled`) and the draft
-    rows they come from, in order, the bonus row last where it has one."""
-
-    qs: list[torch.Tensor | None] = field(default_factory=list)
-    rows: list[torch.Tensor] = field(default_factory=list)
-
-    def add(self, q: torch.Tensor | None, row: torch.Tensor) -> None:
-        self.qs.append(q)
-        self.rows.append(row)
 
 
 def needs_q(config: RapidConfig) -> bool:

@@ -28,7 +28,7 @@ from .call_options import ENGINE_RETRIEVER, CallOptions
 from .compiled import compile_decode
 from .config import DRAFT_PRECISIONS, TARGET_PRECISIONS, Mode, RapidConfig, check_choice
 from .constraints import Constraints
-from .drafting import DraftHead, LookupFirst, LookupProposer, ModelProposer, Proposer
+from .drafting import LookupFirst, LookupProposer, ModelProposer, Proposer
 from .errors import (
     ContextWindowExceededError,
     DeviceOutOfMemoryError,
@@ -37,7 +37,7 @@ from .errors import (
     RapidInputError,
     VocabularyMismatchError,
 )
-from .kv import Feed, Forwards, KVState, check_cache_layout, reads_hidden
+from .kv import Feed, Forwards, KVState, check_cache_layout
 from .logprobs import LogprobScorer, token_bytes
 from .models import (
     LoadOptions,
@@ -585,16 +585,7 @@ class RapidEngine:
         draft = yield from self._start(self.draft, plan.draft_ids, limit, cfg, draft=True)
         stats.draft_cached_prefix_tokens = draft.reused_tokens
         shaping = self._constraints(plan, self.draft, "the draft model")
-        # A greedy unshaped pick is an argmax among the commonest ids and the call's own,
-        # where q is read (eta > 0): it tells the picks that missed (`MAX_MISSES`).
-        parted = cfg.greedy and shaping is None and cfg.eta > 0
-        first = cfg.draft_pick_vocab if parted else 0
-        head = (
-            DraftHead.reading(self.draft, self.vocab_size, first, plan.ids + plan.draft_ids)
-            if draft.hidden
-            else None
-        )
-        model = ModelProposer(draft, cfg, draft_gen, shaping, eos, head)
+        model = ModelProposer(draft, cfg, draft_gen, shaping, eos)
         # The lookup's copies bypass the draft's constraints (its matcher and history
         # would fall behind), so it drafts only for calls with nothing to shape.
         if cfg.lookup_ngram and shaping is None:
@@ -680,7 +671,6 @@ class RapidEngine:
                 cfg.prefix_cache_bytes,
                 draft,
                 self.draft_decode if draft else None,
-                draft and reads_hidden(model),  # the draft heads its rows (`DraftHead`)
             )
         )
 

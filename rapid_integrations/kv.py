@@ -225,10 +225,6 @@ class KVState:
     # The forward pass decode feeds run, once the prefill is done: a compiled one
     # (`compiled.compile_decode`), or None for the model itself.
     decode: Callable[..., Any] | None = None
-    # `feed` sends back the last layer's hidden states [len, d], not logits: the draft reads
-    # them through its own head (`drafting.DraftHead`), only a part of the vocabulary for a
-    # greedy pick (`reads_hidden` says which models may).
-    hidden: bool = False
     forward_passes: int = 0
     forward_seconds: float = 0.0  # decode-phase model time (on CUDA: until the next sync)
 
@@ -266,7 +262,6 @@ class KVState:
         max_prefix_bytes: int = 0,
         draft: bool = False,
         decode: Callable[..., Any] | None = None,
-        hidden: bool = False,
     ) -> Forwards[KVState]:
         """Prefill all but the last prompt token, reusing a stored prefix when one matches
         (read in place where it can be shared, else copied: `_load`, section 14.1).
@@ -277,10 +272,9 @@ class KVState:
         the sequence will ever hold (prompt, generated, and drafts in flight). `decode`: the
         forward its decode passes run (`KVState.decode`); such a sequence copies a stored
         prefix into its own buffers, so that its passes stay on the plain path it compiled.
-        `hidden`: its passes send back hidden states (`KVState.hidden`).
         """
         ids = torch.tensor(prompt, dtype=torch.long, device=model.device)
-        state = cls(model, new_cache(model, capacity), ids[:0], vocab, hidden=hidden)
+        state = cls(model, new_cache(model, capacity), ids[:0], vocab)
         head = prompt[:-1]
         reuse = prefixes if max_prefix_bytes > 0 and state._plain_layers() else None
         if reuse is not None:
@@ -327,30 +321,25 @@ class KVState:
 
     def feed(self, tokens: torch.Tensor | None = None, keep: int = 0) -> torch.Tensor:
         """Read `pending` then `tokens` ([k] int64 ids); return their logits [len, vocab]
-        (len = pending + k rows, or the last `keep` when keep > 0; in the model's dtype), or
-        their hidden states [len, d] (`hidden`).
+        (len = pending + k rows, or the last `keep` when keep > 0; in the model's dtype).
         A sequence on a shared prefix runs as a packed pass of one, whose attention reads the
         prefix in place (section 14.1)."""
         if self.shared_tokens:
             return feed_packed([Feed(self, tokens, keep=keep)])[0]
         ids = self.take(tokens)
         start = time.perf_counter()
-        forward, kept = self._forward(keep)
-        out = forward(input_ids=ids[None], **_cache_arg(self.model, self.cache), **kept)
-        rows = _rows(self.model, out, self.hidden, keep)
+        out = self._forward()(
+            input_ids=ids[None], **_cache_arg(self.model, self.cache), logits_to_keep=keep
+        )
         self.counted(time.perf_counter() - start)
-        return rows if self.hidden else rows[..., : self.vocab]
+        return out.logits[0, :, : self.vocab]
 
-    def _forward(self, keep: int) -> tuple[Callable[..., Any], dict[str, int]]:
-        """The forward a pass runs and its `logits_to_keep` (none for the body alone, whose
-        rows `_rows` keeps)."""
+    def _forward(self) -> Callable[..., Any]:
         # The compiled graphs read allocated buffers: the first pass of a sequence that had
         # nothing to prefill allocates them, and runs on the model itself.
         if self.decode is not None and self.cache.get_seq_length() > 0:
-            return self.decode, {"logits_to_keep": keep}
-        if self.hidden:
-            return _body(self.model), {}
-        return self.model, {"logits_to_keep": keep}
+            return self.decode
+        return self.model
 
     def take(self, tokens: torch.Tensor | None = None) -> torch.Tensor:
         """The ids [pending + k] the next forward pass reads: `pending`, then `tokens` ([k]);
@@ -399,40 +388,12 @@ def _cache_arg(model: PreTrainedModel, cache: DynamicCache | PackedCache) -> dic
     return {_cache_param(type(model)): cache, "use_cache": True}  # type: ignore[arg-type]
 
 
-PLAIN_HEADS = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "starcoder2"})
-"""Model types whose causal LM's logits are its output head's, nothing after it (no soft-cap
-as Gemma 2's, no logit scale as Cohere's or Granite's): the head may run apart from the body."""
-
-
-def reads_hidden(model: PreTrainedModel) -> bool:
-    """Whether `model`'s passes may send back hidden states (`KVState.hidden`): its logits
-    are its output head applied to them (`PLAIN_HEADS`)."""
-    return model.config.model_type in PLAIN_HEADS and model.get_output_embeddings() is not None
-
-
-def _body(model: PreTrainedModel) -> Callable[..., Any]:
-    """The model without its output head: its forward returns the last hidden states."""
-    return cast(Callable[..., Any], model.get_decoder())
-
-
-def _rows(model: PreTrainedModel, out: Any, hidden: bool, keep: int) -> torch.Tensor:
-    """A pass's rows [len or keep, V or d] from the model's output `out`: its logits, or the
-    hidden states where the pass ran the body alone (`_body`, a compiled body), headed unless
-    `hidden` asks for them as they are."""
-    logits = getattr(out, "logits", None)
-    if logits is not None:
-        return cast(torch.Tensor, logits[0])
-    states = out.last_hidden_state[0, -keep:] if keep else out.last_hidden_state[0]
-    return states if hidden else cast(torch.Tensor, model.get_output_embeddings()(states))
-
-
 @dataclass(frozen=True)
 class Feed:
     """A forward pass one sequence's loop asks for: `state` reads its pending tokens, then
     `tokens` ([k] int64 ids; None: none). The loop is a generator that yields a `Feed` and is
     sent back the logits [pending + k, vocab] (`KVState.feed`'s); whoever drives it decides
     how the pass runs: alone (`direct`) or packed with other sequences' (`feed_packed`).
-    (Where the sequence's passes send back hidden states, `KVState.hidden`, those are its rows.)
     `draft`: a draft model's pass (a batch runs them all before any verify pass)."""
 
     state: KVState
@@ -502,8 +463,7 @@ class PackedCache:
 
 def feed_packed(feeds: list[Feed]) -> list[torch.Tensor]:
     """Run `feeds`, all on one model, as one forward pass over a packed row (`PackedCache`);
-    returns each feed's logits [pending + k_i, vocab] (hidden states [pending + k_i, d] where
-    its sequences' passes send those back, `KVState.hidden`)."""
+    returns each feed's logits [pending + k_i, vocab]."""
     states = [f.state for f in feeds]
     model = states[0].model
     ids = [s.take(f.tokens) for s, f in zip(states, feeds, strict=True)]
@@ -523,9 +483,8 @@ def feed_packed(feeds: list[Feed]) -> list[torch.Tensor]:
         ]
     )  # [sum(kept)]: the rows the output head reads
     layout = PackedCache([s.cache for s in states], bounds)
-    hidden = states[0].hidden  # one model, one role: all its feeds' states alike
     start = time.perf_counter()
-    out = (_body(model) if hidden else model)(
+    out = model(
         input_ids=torch.cat(ids)[None],
         position_ids=positions[None],
         # A 4-D mask is taken as prepared: transformers' `create_causal_mask` returns it as
@@ -534,12 +493,10 @@ def feed_packed(feeds: list[Feed]) -> list[torch.Tensor]:
         attention_mask=torch.zeros(1, 1, 0, 0, dtype=torch.bool, device=positions.device),
         **_cache_arg(model, layout),
         **{LAYOUT: layout},
-        **({} if hidden else {"logits_to_keep": rows if len(rows) < ends[-1] else 0}),
+        logits_to_keep=rows if len(rows) < ends[-1] else 0,
     )
     seconds = time.perf_counter() - start
     for state in states:
         state.counted(seconds)
-    # [sum(kept), V] logits, or [sum(kept), d] hidden states (the body's every row, cut here)
-    out_rows = out.last_hidden_state[0, rows] if hidden else out.logits[0]
-    width = None if hidden else states[0].vocab
-    return list(out_rows[:, :width].split(kept))
+    logits = out.logits[0]  # [sum(kept), V]
+    return [part[:, : s.vocab] for part, s in zip(logits.split(kept), states, strict=True)]

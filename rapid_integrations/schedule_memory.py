@@ -31,7 +31,6 @@ SCHEDULE_FIELDS = (
     "draft_confidence_threshold",
     "lookup_ngram",
     "lookup_tokens",
-    "draft_pick_vocab",
 )
 """The `RapidConfig` fields a measured schedule's costs or acceptance depend on: calls that
 differ in one of them measure apart."""

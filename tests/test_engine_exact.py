@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from rapid_integrations import RapidConfig, RapidEngine, attention, drafting
+from rapid_integrations import RapidConfig, RapidEngine, attention
 from tests.tiny import greedy_mismatches, greedy_picks, reference_greedy, tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
@@ -229,131 +229,6 @@ def test_eta_positive_greedy_is_deterministic_and_leans_to_draft(tok, target, dr
         )
     # A strong pull toward the draft makes the target agree with it more often.
     assert sum(r for r, _ in rates) > sum(b for _, b in rates)
-
-
-def _spy_picks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
-    """Every parted pick `DraftHead.picks` makes, with the whole head's argmax there."""
-    seen: list[tuple[int, int]] = []
-    real = drafting.DraftHead.picks
-
-    def spied(self: drafting.DraftHead, rows: torch.Tensor) -> torch.Tensor:
-        out = real(self, rows)
-        if self.parted:
-            seen.extend(zip(out.tolist(), self.logits(rows).argmax(-1).tolist(), strict=True))
-        return out
-
-    monkeypatch.setattr(drafting.DraftHead, "picks", spied)
-    return seen
-
-
-def _four_letter_prompts(n: int) -> list[str]:
-    # Four letters: the part of `draft_pick_vocab=3` is ids 0-2 and theirs, 7 of the 14.
-    rng = random.Random(11)
-    return ["".join(rng.choice("abc ") for _ in range(rng.randint(8, 40))) for _ in range(n)]
-
-
-@pytest.mark.parametrize("eta", [5.0, 20.0])
-def test_greedy_picks_among_part_of_the_vocabulary_keep_the_output(
-    tok, target, draft, monkeypatch, eta
-):
-    """docs/algorithm.md section 3: a greedy verdict emits argmax p_hat whatever was drafted,
-    so a draft that picks among a part of the vocabulary (`DraftHead`) changes the drafts,
-    not the text; its q stays the whole head's, as p_hat reads it."""
-    engine = RapidEngine(
-        target,
-        draft,
-        tokenizer=tok,
-        config=RapidConfig(eta=eta, max_new_tokens=24, ignore_eos=True, lookup_ngram=0),
-    )
-    prompts = _four_letter_prompts(8)
-    whole = [engine.generate(p, p[2:12], draft_pick_vocab=0) for p in prompts]
-    monkeypatch.setattr(drafting, "MAX_MISSES", 1.0)  # the part for whole calls
-    seen = _spy_picks(monkeypatch)
-    changed = 0
-    for prompt, before in zip(prompts, whole, strict=True):
-        seen.clear()
-        after = engine.generate(prompt, prompt[2:12], draft_pick_vocab=3)
-        assert after.token_ids == before.token_ids
-        assert seen and {pick for pick, _ in seen} <= {0, 1, 2, *tok.encode(prompt)}
-        counts = (before.stats.drafted_tokens, before.stats.accepted_tokens)
-        changed += counts != (after.stats.drafted_tokens, after.stats.accepted_tokens)
-    assert changed  # the part changed some drafts: the identity above was put to the test
-
-
-def test_a_call_whose_parted_picks_miss_picks_among_the_whole_vocabulary(
-    tok, target, draft, monkeypatch
-):
-    """`drafting.MAX_MISSES`: once more than 3% of a call's parted picks (at least
-    `MIN_PICKS`) are not the whole head's argmax, the call stops picking among the part;
-    the text is the same either way. At eta 0 (no q to tell misses) there is no part."""
-    engine = RapidEngine(
-        target,
-        draft,
-        tokenizer=tok,
-        config=RapidConfig(max_new_tokens=96, ignore_eos=True, lookup_ngram=0),
-    )
-    prompt = _four_letter_prompts(1)[0]
-    seen = _spy_picks(monkeypatch)
-    monkeypatch.setattr(drafting, "MAX_MISSES", 1.0)
-    always = engine.generate(prompt, prompt[2:12], eta=5.0, draft_pick_vocab=3)
-    picks = len(seen)
-    assert sum(pick != argmax for pick, argmax in seen) > 0.03 * picks  # the part misses
-    monkeypatch.setattr(drafting, "MAX_MISSES", 0.03)
-    seen.clear()
-    stopped = engine.generate(prompt, prompt[2:12], eta=5.0, draft_pick_vocab=3)
-    assert stopped.token_ids == always.token_ids
-    assert drafting.MIN_PICKS <= len(seen) < picks
-    seen.clear()
-    engine.generate(prompt, prompt[2:12], eta=0.0, draft_pick_vocab=3)
-    assert not seen
-
-
-def test_parted_picks_stop_once_misses_pass_three_percent(tok, draft):
-    """`MAX_MISSES` and `MIN_PICKS`, proposal by proposal: misses are drafts that are not q's
-    argmax, weighed at each proposal's end once a call has made 32 picks; past 3% the call
-    picks among all ids."""
-    from rapid_integrations.kv import KVState, direct
-
-    assert (drafting.MIN_PICKS, drafting.MAX_MISSES) == (32, 0.03)  # the figures walked below
-    prompt = tok.encode("abc hij kl")
-    state = direct(KVState.starting(draft, prompt, len(tok), 4, 64, hidden=True))
-    head = drafting.DraftHead.reading(draft, len(tok), 3, prompt)
-    proposer = drafting.ModelProposer(state, RapidConfig(eta=5.0), torch.Generator(), head=head)
-
-    def proposal(drafts: int, misses: int) -> bool:
-        proposer._x = torch.zeros(drafts, dtype=torch.long)  # every draft id 0 ...
-        q = torch.zeros(drafts, len(tok))
-        q[misses:, 0] = 1.0  # ... q's argmax but for the first `misses`
-        q[:misses, 1] = 1.0
-        proposer._count_misses(q)
-        return proposer._picks_only
-
-    assert proposal(31, 2)  # 6% of 31 picks: too few to weigh
-    assert not proposal(9, 0)  # 2 of 40, 5%: the whole vocabulary from the next proposal
-    proposer = drafting.ModelProposer(state, RapidConfig(eta=5.0), torch.Generator(), head=head)
-    assert proposal(40, 1)  # 2.5%
-    assert not proposal(1, 1)  # 2 of 41, 4.9%
-    proposer = drafting.ModelProposer(state, RapidConfig(eta=5.0), torch.Generator(), head=head)
-    assert not proposal(32, 1)  # 3.1% of 32: weighed from the 32nd pick
-
-
-def test_draft_head_picks_the_argmax_of_its_part(tok, draft):
-    """`DraftHead.picks` is the argmax of the whole head's logits among the part's ids (the
-    first ones and the prompts'), as ids; `logits` is the whole head's."""
-    vocab = len(tok)
-    head = drafting.DraftHead.reading(draft, vocab, 4, [9, 7, 9])
-    rows = torch.randn(64, draft.config.hidden_size, dtype=draft.dtype)
-    logits = draft.lm_head(rows)[:, :vocab]
-    assert torch.equal(head.logits(rows), logits)
-    part = torch.tensor([0, 1, 2, 3, 7, 9])
-    outside = torch.ones(vocab, dtype=torch.bool)
-    outside[part] = False
-    expected = logits.masked_fill(outside, float("-inf")).argmax(-1)
-    assert torch.equal(head.picks(rows), expected)
-    assert not torch.equal(expected, logits.argmax(-1))  # the part changed some picks
-    assert torch.equal(
-        drafting.DraftHead.reading(draft, vocab, None).picks(rows), logits.argmax(-1)
-    )
 
 
 def test_float32_model_matches_too():

@@ -65,7 +65,6 @@ class ForwardProbe:
     _caches: dict[int, int] = field(default_factory=dict)
     _handles: list[Any] = field(default_factory=list)
     _open: dict[int, tuple[int, int, float]] = field(default_factory=dict)
-    _inner: set[int] = field(default_factory=set)
 
     def __enter__(self) -> ForwardProbe:
         for model in {id(m): m for m in self.models}.values():
@@ -84,9 +83,6 @@ class ForwardProbe:
         self._caches.clear()
 
     def _before(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        if self._open:  # a hooked body inside a hooked model's pass: that pass counts
-            self._inner.add(id(module))
-            return
         ids = kwargs.get("input_ids", args[0] if args else None)
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         role = self._caches.setdefault(id(cache), len(self._caches))
@@ -95,9 +91,6 @@ class ForwardProbe:
         self._open[id(module)] = (role, tokens, time.perf_counter())
 
     def _after(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        if id(module) in self._inner:
-            self._inner.discard(id(module))
-            return
         _sync(module)
         role, tokens, start = self._open.pop(id(module))
         self.calls.append(ForwardCall(role, tokens, start, time.perf_counter() - start))

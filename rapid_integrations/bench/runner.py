@@ -35,7 +35,6 @@ from ..compiled import CompiledDecode
 from ..config import DRAFT_PRECISIONS, TARGET_PRECISIONS, RapidConfig, check_choice
 from ..engine import RapidEngine
 from ..errors import RapidConfigError
-from ..kv import reads_hidden
 from ..models import LoadOptions, ensure_default_model, load_model, resolve_dtype
 from ..prompts import prepare_draft_prompt
 from ..retrieval.base import ContextRetriever
@@ -511,13 +510,9 @@ def _qa_engine(
 
 
 def forward_modules(engine: RapidEngine) -> list[torch.nn.Module]:
-    """What the probe hooks: the target, the draft, the draft's body, whose passes run
-    without its head where it sends back hidden states (`kv.reads_hidden`), and the draft's
-    compiled decode module, whose passes bypass the draft's own hooks (compiled.py). A body's
-    hook inside its model's pass is not counted again (`ForwardProbe`)."""
-    body = engine.draft.get_decoder() if reads_hidden(engine.draft) else None
-    models = (engine.target, engine.draft, body, engine.draft_decode)
-    return [m for m in models if m is not None]
+    """What the probe hooks: the target, the draft, and the draft's compiled decode module,
+    whose passes bypass the draft's own hooks (compiled.py)."""
+    return [m for m in (engine.target, engine.draft, engine.draft_decode) if m is not None]
 
 
 def _rope_engine(
