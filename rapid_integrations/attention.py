@@ -208,9 +208,10 @@ def _folded(
         out = _matmul_attention(folded, *tiled[0], scale)
     else:
         key, value, mask = tiled[0]
+        padded, mask = _padded(folded, mask)
         out = torch.nn.functional.scaled_dot_product_attention(
-            folded, key, value, attn_mask=mask, scale=scale
-        )
+            padded, key, value, attn_mask=mask, scale=scale
+        )[..., : folded.shape[2], :]
     return out.reshape(1, heads, q_len, dim).transpose(1, 2).contiguous()
 
 
@@ -433,10 +434,37 @@ def _partial(
         return _flash_partial(query, key, value, scale)
     if mask.dtype == torch.bool:
         mask = torch.zeros(mask.shape, dtype=query.dtype).masked_fill_(~mask, float("-inf"))
-    out, lse = _FLASH_CPU(
-        query, key, value, 0.0, False, attn_mask=mask.to(query.dtype), scale=scale
-    )
-    return out.to(lse.dtype), lse.unsqueeze(-1)
+    padded, mask = _padded(query, mask.to(query.dtype))
+    out, lse = _FLASH_CPU(padded, key, value, 0.0, False, attn_mask=mask, scale=scale)
+    n = query.shape[2]
+    return out[..., :n, :].to(lse.dtype), lse[..., :n, None]
+
+
+def _lone_row(rows: int) -> bool:
+    """Whether PyTorch's CPU flash kernel would leave a block of one query row: it cuts the
+    rows into blocks (32, from 192 rows 64, from 768 rows 256), and a block of one row takes
+    longer than a block of two (at 8K keys, one query 1.42 against 0.46 ms, 33 rows 3.34
+    against 2.36 for 34: docs/performance.md, "Why these defaults")."""
+    block = 256 if rows >= 768 else 64 if rows >= 192 else 32
+    return rows % block == 1
+
+
+def _padded(
+    query: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """query [b, H, n, d] and its mask [.., n, kv] (None: every key seen) on the CPU with a
+    zero row appended, and a mask row that sees every key, where the flash kernel would leave
+    a lone row (`_lone_row`); else as they are. The caller keeps the first n rows of the
+    output: each query row's attention is its own (to the kernel's rounding, which may move
+    with its blocks: tested)."""
+    rows = query.shape[2]
+    if query.device.type != "cpu" or not _lone_row(rows):
+        return query, mask
+    query = torch.cat([query, query.new_zeros(*query.shape[:2], 1, query.shape[3])], dim=2)
+    if mask is None or mask.shape[-2] == 1:  # none, or one row for every query
+        return query, mask
+    seen = torch.ones_like if mask.dtype == torch.bool else torch.zeros_like
+    return query, torch.cat([mask, seen(mask[..., :1, :])], dim=-2)
 
 
 def _scores_partial(query: torch.Tensor, part: Part, scale: float) -> Partial:
@@ -465,10 +493,13 @@ def _flash_partial(
     def batched(x: torch.Tensor) -> torch.Tensor:  # [1, Hkv, kv, d] -> [runs, Hkv, length, d]
         return x[0, :, :cut].unflatten(1, (runs, length)).transpose(0, 1)
 
+    padded, _ = _padded(query, None)
     out, lse = _FLASH_CPU(
-        query.expand(runs, -1, -1, -1), batched(key), batched(value), 0.0, False, scale=scale
-    )  # out [runs, Hkv, n, d], lse [runs, Hkv, n]
-    partials = list(zip(out.to(lse.dtype).split(1), lse.unsqueeze(-1).split(1), strict=True))
+        padded.expand(runs, -1, -1, -1), batched(key), batched(value), 0.0, False, scale=scale
+    )  # out [runs, Hkv, n (+ 1), d], lse [runs, Hkv, n (+ 1)]
+    n = query.shape[2]
+    outs, lses = out[:, :, :n].to(lse.dtype).split(1), lse[:, :, :n, None].split(1)
+    partials = list(zip(outs, lses, strict=True))
     if cut < keys:
         partials.append(
             _scores_partial(query, (key[..., cut:, :], value[..., cut:, :], None), scale)

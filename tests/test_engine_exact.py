@@ -192,6 +192,44 @@ def test_keys_split_across_threads_match_transformers(monkeypatch, dtype, q_len,
     assert (4 in batches) != hole
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("heads", "q_len", "kv"), [(3, 1, 300), (9, 11, 300), (3, 1, 2101), (9, 11, 2101)]
+)
+def test_a_lone_query_row_gets_a_zero_row_and_keeps_its_output(
+    monkeypatch, dtype, heads, q_len, kv
+):
+    """PyTorch's CPU flash kernel cuts the query rows into blocks of 32, and a block of one row
+    is slow (`attention._lone_row`): 1 folded row (3 heads on 3 KV heads) or 33 (9 heads, 11
+    queries) get a zero row, and a mask row, whose output is dropped (`_padded`). The rows
+    kept are the kernel's on the rows as they are, to the dtype's rounding, unsplit (300
+    keys) and split (2,101 keys: the runs, and the verify block's own masked keys)."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    monkeypatch.setattr(attention, "MIN_SPLIT_VERIFY_KEYS", 1024)
+    rows: list[tuple[int, int]] = []
+    real = attention._padded
+
+    def spied(query, mask):
+        padded, mask = real(query, mask)
+        rows.append((query.shape[2], padded.shape[2]))
+        return padded, mask
+
+    monkeypatch.setattr(attention, "_padded", spied)
+    torch.manual_seed(3)
+    buffer = torch.randn(2, 1, 3, kv + 50, 16, dtype=dtype)
+    key, value = buffer[..., :kv, :]
+    query = torch.randn(1, heads, q_len, 16, dtype=dtype)
+    mask = attention._causal(q_len, kv, key)
+    module = torch.nn.Module()
+    got, _ = attention.rapid_attention(module, query, key, value, mask, scaling=0.25)
+    assert rows and all(after == before + 1 for before, after in rows)
+    monkeypatch.setattr(attention, "_lone_row", lambda n: False)
+    want, _ = attention.rapid_attention(module, query, key, value, mask, scaling=0.25)
+    # The kernel's own rounding may move with its blocks (float64's did here), no more.
+    atol = 1e-12 if dtype == torch.float64 else 1e-2
+    torch.testing.assert_close(got, want, rtol=0, atol=atol)
+
+
 def test_long_prefill_chunks_keep_the_identity(engines, target, tok, monkeypatch):
     """Chunks longer than a verify block, after the first, run under a mask through
     `_gqa_prefill`; the output is still the target's own greedy decoding."""
