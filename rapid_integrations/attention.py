@@ -457,8 +457,10 @@ def _padded(
     a lone row (`_lone_row`); else as they are. The caller keeps the first n rows of the
     output: each query row's attention is its own (to the kernel's rounding, which may move
     with its blocks: tested)."""
+    # Never in a compiled pass (`compiled.py`): the rows' check would guard its graph, which
+    # a pass of another width would then recompile.
     rows = query.shape[2]
-    if query.device.type != "cpu" or not _lone_row(rows):
+    if torch.compiler.is_compiling() or query.device.type != "cpu" or not _lone_row(rows):
         return query, mask
     query = torch.cat([query, query.new_zeros(*query.shape[:2], 1, query.shape[3])], dim=2)
     if mask is None or mask.shape[-2] == 1:  # none, or one row for every query
