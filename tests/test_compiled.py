@@ -8,13 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo.utils
-from transformers import BertConfig, BertModel
+from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
 
 from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine, compiled, generate_batch
+from rapid_integrations.attention import use_rapid_attention
 from rapid_integrations.bench.model_draft import pass_seconds
 from rapid_integrations.bench.models import tiny_pair
 from rapid_integrations.bench.probe import ForwardProbe
 from rapid_integrations.bench.runner import forward_modules
+from rapid_integrations.kv import KVState
 from tests.tiny import char_tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # compiles: ~20 s
@@ -85,11 +87,6 @@ def test_a_pass_the_flash_kernel_would_leave_a_lone_row_runs_the_built_graph():
     check would guard the graph, and an 11-token pass of a model with 3 query heads per KV
     head (33 folded rows, a lone row in the kernel's blocks of 32) would build another (the
     bench's first rapid call ran at 1.1 tok/s while it did)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from rapid_integrations.attention import use_rapid_attention
-    from rapid_integrations.kv import KVState
-
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=16, hidden_size=24, intermediate_size=48, num_hidden_layers=1,
