@@ -81,28 +81,6 @@ def test_each_draft_pass_is_one_whole_graph(pairs):
     assert pairs["graphs"] == 4
 
 
-@torch.inference_mode()
-def test_a_pass_the_flash_kernel_would_leave_a_lone_row_runs_the_built_graph():
-    """`attention._padded` pads a lone query row outside compiled passes only: inside one its
-    check would guard the graph, and an 11-token pass of a model with 3 query heads per KV
-    head (33 folded rows, a lone row in the kernel's blocks of 32) would build another (the
-    bench's first rapid call ran at 1.1 tok/s while it did)."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=16, hidden_size=24, intermediate_size=48, num_hidden_layers=1,
-        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
-    )  # fmt: skip
-    model = LlamaForCausalLM(config).to(torch.float64).eval()
-    use_rapid_attention(model)
-    decode = compiled.compile_decode(model, 16)
-    built = graphs()
-    state = KVState.start(model, list(range(16)) * 3, 16, 16, 100, decode=decode)
-    state.feed()  # the pending prompt token
-    for width in (11, 10, 1, 11):
-        state.feed(torch.arange(width) % 16)
-    assert graphs() == built
-
-
 def test_everydraft_decode_pass_runs_the_built_graphs_and_nothing_recompiles(pairs, monkeypatch):
     fast, _ = pairs["separate"]
     passes: list[int] = []
@@ -204,3 +182,26 @@ def test_rapid_serve_builds_its_engine_with_a_compiled_draft_when_asked(served_m
     engine = settings("--compile-draft").load_engine()
     assert isinstance(engine.draft_decode, compiled.CompiledDecode)
     assert engine.draft_decode.model is engine.draft
+
+
+@torch.inference_mode()
+def test_a_pass_the_flash_kernel_would_leave_a_lone_row_runs_the_built_graph():
+    """`attention._padded` pads a lone query row outside compiled passes only: inside one its
+    check would guard the graph, and an 11-token pass of a model with 3 query heads per KV
+    head (33 folded rows, a lone row in the kernel's blocks of 32) would build another (the
+    bench's first rapid call ran at 1.1 tok/s while it did). Last in the module: it builds
+    graphs of its own, which the tests above count (`pairs`)."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=16, hidden_size=24, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).to(torch.float64).eval()
+    use_rapid_attention(model)
+    decode = compiled.compile_decode(model, 16)
+    built = graphs()
+    state = KVState.start(model, list(range(16)) * 3, 16, 16, 100, decode=decode)
+    state.feed()  # the pending prompt token
+    for width in (11, 10, 1, 11):
+        state.feed(torch.arange(width) % 16)
+    assert graphs() == built
