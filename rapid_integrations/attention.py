@@ -434,10 +434,25 @@ def _partial(
         return _flash_partial(query, key, value, scale)
     if mask.dtype == torch.bool:
         mask = torch.zeros(mask.shape, dtype=query.dtype).masked_fill_(~mask, float("-inf"))
-    padded, mask = _padded(query, mask.to(query.dtype))
+    out, lse = _flash(query, key, value, mask.to(query.dtype), scale)
+    return out.to(lse.dtype), lse.unsqueeze(-1)
+
+
+def _flash(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch's CPU flash kernel on query [b, H, n, d] against keys and values [b, H, kv, d]
+    under an additive mask [b or 1, 1, n, kv] (None: every key seen), a lone query row padded
+    (`_padded`): output [b, H, n, d] and log-sum-exp [b, H, n]."""
+    assert _FLASH_CPU is not None  # its callers check
+    padded, mask = _padded(query, mask)
     out, lse = _FLASH_CPU(padded, key, value, 0.0, False, attn_mask=mask, scale=scale)
     n = query.shape[2]
-    return out[..., :n, :].to(lse.dtype), lse[..., :n, None]
+    return out[:, :, :n], lse[:, :, :n]
 
 
 def _lone_row(rows: int) -> bool:
@@ -463,7 +478,7 @@ def _padded(
     if torch.compiler.is_compiling() or query.device.type != "cpu" or not _lone_row(rows):
         return query, mask
     query = torch.cat([query, query.new_zeros(*query.shape[:2], 1, query.shape[3])], dim=2)
-    if mask is None or mask.shape[-2] == 1:  # none, or one row for every query
+    if mask is None:
         return query, mask
     seen = torch.ones_like if mask.dtype == torch.bool else torch.zeros_like
     return query, torch.cat([mask, seen(mask[..., :1, :])], dim=-2)
@@ -486,7 +501,6 @@ def _flash_partial(
     work: on 2 threads a decode pass of SmolLM2 in int4 took 45.8 against 50.3 ms at 8K and
     126 against 149 ms at 32K), the few keys left over one more part (`_scores_partial`);
     merged as `_combined`. Shapes as `_partial`'s."""
-    assert _FLASH_CPU is not None  # its callers check
     keys = key.shape[-2]
     runs = _runs(key.shape[1], keys)
     length = keys // runs
@@ -495,13 +509,10 @@ def _flash_partial(
     def batched(x: torch.Tensor) -> torch.Tensor:  # [1, Hkv, kv, d] -> [runs, Hkv, length, d]
         return x[0, :, :cut].unflatten(1, (runs, length)).transpose(0, 1)
 
-    padded, _ = _padded(query, None)
-    out, lse = _FLASH_CPU(
-        padded.expand(runs, -1, -1, -1), batched(key), batched(value), 0.0, False, scale=scale
-    )  # out [runs, Hkv, n (+ 1), d], lse [runs, Hkv, n (+ 1)]
-    n = query.shape[2]
-    outs, lses = out[:, :, :n].to(lse.dtype).split(1), lse[:, :, :n, None].split(1)
-    partials = list(zip(outs, lses, strict=True))
+    out, lse = _flash(
+        query.expand(runs, -1, -1, -1), batched(key), batched(value), None, scale
+    )  # out [runs, Hkv, n, d], lse [runs, Hkv, n]
+    partials = list(zip(out.to(lse.dtype).split(1), lse.unsqueeze(-1).split(1), strict=True))
     if cut < keys:
         partials.append(
             _scores_partial(query, (key[..., cut:, :], value[..., cut:, :], None), scale)
