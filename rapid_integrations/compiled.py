@@ -12,20 +12,26 @@ which the graph rounds as any other kernel would.
 
 The graphs are built when the engine is (`warm`), where a compile error is the caller's to
 see: for SmolLM2-135M on two CPU cores 136 s the first time, 68 s once inductor's on-disk
-cache holds the kernels (dynamo still traces the model). Dynamo keeps one graph for a pass of one token and one for passes of several
-(`dynamic=True`, lengths symbolic), so neither the cache's growth nor the drafts' count
-recompiles.
+cache holds the kernels. There are two, compiled ahead of time (`aot_compile`, lengths
+symbolic): one for a pass of one token and one for passes of several, so neither the cache's
+growth nor the drafts' count recompiles. A pass does not go through dynamo's guard check,
+which cost SmolLM2's draft 1.9 of its 16 ms a pass: the guards are checked on a sequence's
+first pass through each graph, and what changes between its passes (its length, the pass's
+width) on every pass (`CompiledDecode.graph_for`); a pass outside them runs the model itself.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel
+import torch._dynamo.config
+from transformers import DynamicCache, PreTrainedModel
 
 from .errors import RapidConfigError
-from .kv import KVState
+from .kv import BufferedLayer, KVState, cache_param
 
 REGISTRY = "_CAN_RECORD_REGISTRY"
 """transformers' dict of model classes (`utils/output_capturing.py`), read by every forward."""
@@ -33,6 +39,13 @@ REGISTRY = "_CAN_RECORD_REGISTRY"
 WARM_PROMPT = 8
 """Tokens the warm-up prefills: more than one, so no cache length is compiled as a constant
 (dynamo specializes sizes 0 and 1)."""
+
+KEPT_GUARDS = ("TENSOR_MATCH", "SHAPE_ENV", "EQUALS_MATCH", "NONE_MATCH", "DICT_LENGTH")
+"""The kinds of dynamo's guards a graph keeps (`_kept_guards`)."""
+
+MIN_LENGTH = 2
+"""The shortest cache a graph reads: dynamo specializes sizes 0 and 1, so the graphs hold for
+lengths from 2 only (one of their guards)."""
 
 
 class CompiledDecode(torch.nn.Module):
@@ -44,21 +57,63 @@ class CompiledDecode(torch.nn.Module):
     def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.model = model
-        self._compiled = torch.compile(
-            model.forward, dynamic=True, options={"guard_filter_fn": _without_registry_guards}
+        self.graphs: dict[bool, Any] = {}  # torch's AOTCompiledFunction, by "several tokens"
+        # Per cache, the graphs whose guards it passed (True) or failed (False).
+        self.checked: weakref.WeakKeyDictionary[DynamicCache, dict[bool, bool]] = (
+            weakref.WeakKeyDictionary()
         )
+        self._param = cache_param(type(model))
+
+    def build(self, state: KVState, several: bool) -> None:
+        """Compile the graph for passes of several tokens (`several`) or one, tracing a pass
+        of two or one on `state` (the pass is traced, not run)."""
+        ids = torch.zeros((1, 1 + several), dtype=torch.long, device=self.model.device)
+        step = torch.compile(
+            _step(self.model),
+            dynamic=True,
+            fullgraph=True,
+            options={"guard_filter_fn": _kept_guards},
+        )
+        # A float the model reads (its norms' epsilon) would otherwise become a tensor, whose
+        # restart of the analysis an ahead-of-time compile does not take.
+        with torch._dynamo.config.patch(specialize_float=True):
+            graph = step.aot_compile(((ids, state.cache), {}))
+        graph.disable_guard_check()  # checked in `graph_for`
+        self.graphs[several] = graph
 
     def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
-        # A fresh tensor [1, t]: the ids are often views into the prompt or the drafts, and
-        # dynamo would guard on their storage offset (one more graph for offsets 0 and 1).
-        return self._compiled(input_ids=input_ids.clone(), **kwargs)
+        cache = kwargs[self._param]
+        graph = self.graph_for(input_ids, cache, kwargs.get("logits_to_keep", 0))
+        if graph is None:
+            return self.model(input_ids=input_ids, **kwargs)
+        # A fresh tensor [1, t]: the ids are often views into the prompt or the drafts, at
+        # storage offsets the graph was not traced with.
+        return graph(input_ids.clone(), cache)
+
+    def graph_for(self, input_ids: torch.Tensor, cache: DynamicCache, keep: int) -> Any:
+        """The graph that runs this pass ([1, t] ids on `cache`, `keep` logit rows), or None
+        for the model itself: a pass keeping every row on full-attention buffers with room
+        for the ids, at least `MIN_LENGTH` long, whose cache passed the graph's guards."""
+        layers = cache.layers
+        if keep != 0 or not layers or not all(type(lay) is BufferedLayer for lay in layers):
+            return None
+        length, width = layers[0].length, input_ids.shape[-1]
+        if length < MIN_LENGTH or length + width > layers[0].capacity:
+            return None
+        several = width > 1
+        graph = self.graphs[several]
+        passed = self.checked.setdefault(cache, {})
+        if several not in passed:
+            passed[several] = graph.guard_check(input_ids.clone(), cache)
+        return graph if passed[several] else None
 
 
 def compile_decode(model: PreTrainedModel, vocab: int) -> CompiledDecode:
     """`model`'s forward compiled for decode passes, its graphs built now (`warm`).
 
     Raises `RapidConfigError("compile_draft")` when torch cannot compile the model here (no
-    C++ compiler for inductor, an operation dynamo cannot trace), with the reason."""
+    C++ compiler for inductor, an operation dynamo cannot trace, a torch without ahead-of-time
+    compiles), with the reason."""
     decode = CompiledDecode(model)
     try:
         warm(decode, vocab)
@@ -71,20 +126,40 @@ def compile_decode(model: PreTrainedModel, vocab: int) -> CompiledDecode:
     return decode
 
 
-def _without_registry_guards(entries: list[Any]) -> list[bool]:
-    """Which of dynamo's guards to keep: all but those on transformers' registry of model
-    classes (`_CAN_RECORD_REGISTRY`), which the forward reads for its own class and which
-    grows whenever another model class is built (the retriever's embedder, loaded at the
-    first retrieval): each growth would recompile both graphs."""
-    return [REGISTRY not in entry.name for entry in entries]
+def _step(model: PreTrainedModel) -> Callable[[torch.Tensor, DynamicCache], Any]:
+    """`model`'s decode pass as a function of the ids and the cache alone (a closure: an
+    ahead-of-time compile would otherwise record the module it is a method of)."""
+    param = cache_param(type(model))
+
+    def step(input_ids: torch.Tensor, cache: DynamicCache) -> Any:
+        return model.forward(
+            input_ids=input_ids, **{param: cache}, use_cache=True, logits_to_keep=0
+        )
+
+    return step
 
 
-@torch.inference_mode()  # as every call decodes (a tensor's mode is part of dynamo's guards)
+def _kept_guards(entries: list[Any]) -> list[bool]:
+    """Which of dynamo's guards to keep: those on tensors (dtype, device, shape, strides), on
+    the sizes' relations and on plain values (an ahead-of-time compile saves its guards, and
+    one naming a class defined in a function, as transformers' forwards hold, cannot be
+    saved), but those on transformers' registry of model classes (`_CAN_RECORD_REGISTRY`),
+    which the forward reads for its own class and which grows whenever another model class
+    is built (the retriever's embedder, loaded at the first retrieval)."""
+    return [
+        REGISTRY not in entry.name and not entry.is_global and entry.guard_type in KEPT_GUARDS
+        for entry in entries
+    ]
+
+
+@torch.inference_mode()  # as every call decodes
 def warm(decode: CompiledDecode, vocab: int) -> None:
-    """Build `decode`'s graphs: a decode pass of one token, then one of two, on a scratch
-    cache of `WARM_PROMPT` tokens of its model, as the engine's own draft passes run
-    (`KVState.feed`)."""
+    """Build `decode`'s graphs on a scratch cache of `WARM_PROMPT` tokens of its model, then
+    run a pass of one token and one of two through them, as the engine's own draft passes
+    run (`KVState.feed`)."""
     model, ids = decode.model, list(range(WARM_PROMPT))
     state = KVState.start(model, ids, vocab, WARM_PROMPT, WARM_PROMPT + 3, decode=decode)
+    for several in (False, True):
+        decode.build(state, several)
     state.feed()
     state.feed(torch.tensor(ids[:2], device=model.device))

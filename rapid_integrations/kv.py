@@ -377,15 +377,16 @@ def held_bytes(states: Iterable[KVState]) -> int:
 
 
 @functools.cache
-def _cache_param(model_type: type[torch.nn.Module]) -> str:
-    # transformers renamed `past_key_values` to `cache` during 5.x; use whichever forward takes.
+def cache_param(model_type: type[torch.nn.Module]) -> str:
+    """The name a `model_type`'s forward takes its cache by: transformers renamed
+    `past_key_values` to `cache` during 5.x."""
     params = inspect.signature(model_type.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
 def _cache_arg(model: PreTrainedModel, cache: DynamicCache | PackedCache) -> dict[str, Any]:
     # mypy takes a class for unhashable here (python/mypy#20409); classes hash by identity.
-    return {_cache_param(type(model)): cache, "use_cache": True}  # type: ignore[arg-type]
+    return {cache_param(type(model)): cache, "use_cache": True}  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

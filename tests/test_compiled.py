@@ -1,7 +1,8 @@
 """A compiled draft (`RapidEngine(compile_draft=True)`, rapid_integrations/compiled.py) on tiny
 float64 models: every call decodes as the eager engine does, token for token and draft for
-draft, every draft decode pass runs the graphs built with the engine, and nothing a call or
-the process does later makes torch recompile them."""
+draft, every draft decode pass the graphs hold for runs the graphs built with the engine
+(the others run the model itself), and nothing a call or the process does later makes torch
+recompile them."""
 
 from __future__ import annotations
 
@@ -81,31 +82,66 @@ def test_each_draft_pass_is_one_whole_graph(pairs):
     assert pairs["graphs"] == 4
 
 
-def test_everydraft_decode_pass_runs_the_built_graphs_and_nothing_recompiles(pairs, monkeypatch):
+def ran_graphs(decode: compiled.CompiledDecode, monkeypatch) -> list[tuple[int, int, bool]]:
+    """(cache length, width, whether a graph ran it) of each pass `decode` runs from now."""
+    seen: list[tuple[int, int, bool]] = []
+    chosen = decode.graph_for
+
+    def recorded(input_ids, cache, keep):
+        graph = chosen(input_ids, cache, keep)
+        seen.append((cache.layers[0].length, input_ids.shape[1], graph is not None))
+        return graph
+
+    monkeypatch.setattr(decode, "graph_for", recorded)
+    return seen
+
+
+def test_every_draft_decode_pass_runs_the_built_graphs_and_nothing_recompiles(pairs, monkeypatch):
     fast, _ = pairs["separate"]
-    passes: list[int] = []
-    built = fast.draft_decode
-    assert built is not None
-
-    def counted(input_ids, **kwargs):
-        passes.append(input_ids.shape[1])
-        return built(input_ids, **kwargs)
-
-    monkeypatch.setattr(fast, "draft_decode", counted)
+    assert fast.draft_decode is not None
+    seen = ran_graphs(fast.draft_decode, monkeypatch)
     stored = {"prefix_cache_bytes": 1 << 20}
     for call in [*CALLS, CALLS[0], CALLS[1]]:  # the repeats read their prompts' stored prefix
-        start = len(passes)
+        start = len(seen)
         out = fast.generate(call[0], call[1], **call[2], **stored)
         # A one-token draft prompt has nothing to prefill: its first pass allocates the cache.
         first_eager = len(call[1]) == 1
-        assert len(passes) - start == out.stats.draft_forward_passes - first_eager > 0
+        assert len(seen) - start == out.stats.draft_forward_passes - first_eager > 0
     assert out.stats.draft_cached_prefix_tokens > 0  # copied in, so still the compiled path
-    assert max(passes) > 1  # passes of one token and of several both ran
+    assert max(width for _, width, _ in seen) > 1  # passes of one token and of several ran
+    # Every pass on a cache of at least MIN_LENGTH tokens ran a graph (its guards held), and
+    # none on a shorter one (the graphs hold from that length only).
+    assert [ran for *_, ran in seen] == [n >= compiled.MIN_LENGTH for n, *_ in seen]
+    assert any(n < compiled.MIN_LENGTH for n, *_ in seen)  # "k" drafts from one token
     # transformers registers every model class it builds in a dict each forward reads; a
     # class built now (a retriever's embedder, say) must not rebuild the draft's graphs.
     BertModel(BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2))
     fast.generate(*CALLS[0][:2], **CALLS[0][2])
     assert graphs() == pairs["graphs"]
+    assert all(ran for n, *_, ran in seen[-3:])
+
+
+@torch.inference_mode()
+def test_a_pass_the_graphs_do_not_hold_for_runs_the_model_itself(pairs):
+    """No guard is checked as a graph runs: `graph_for` sends a pass the graphs were not built
+    for to the model, and a cache whose tensors fail the graph's guards (another dtype here)
+    never reaches it."""
+    fast, _ = pairs["separate"]
+    decode = fast.draft_decode
+    model = decode.model
+    ids = torch.arange(4)[None]
+    state = KVState.start(model, list(range(10)), fast.vocab_size, 4, 16, decode=decode)
+    state.feed()
+    assert state.cache.layers[0].length == 10
+    assert decode.graph_for(ids[:, :1], state.cache, 0) is decode.graphs[False]
+    assert decode.graph_for(ids, state.cache, 0) is decode.graphs[True]
+    assert decode.graph_for(ids, state.cache, 1) is None  # keeps one logit row
+    assert decode.graph_for(torch.arange(7)[None], state.cache, 0) is None  # 17 > 16 tokens
+    other = KVState.start(model, list(range(10)), fast.vocab_size, 4, 16, decode=decode)
+    for layer in other.cache.layers:  # float32 buffers where the graphs read float64
+        layer._k, layer._v = layer._k.float(), layer._v.float()
+    assert decode.graph_for(ids, other.cache, 0) is None
+    assert decode.checked[other.cache] == {True: False}
 
 
 def test_packed_draft_passes_of_a_batch_decode_as_alone(pairs):
@@ -132,11 +168,12 @@ def test_the_llamaindex_llm_checks_it_at_construction():
 
 
 def test_a_model_torch_cannot_compile_is_refused_at_construction(monkeypatch):
-    def failing(fn, **options):
-        def call(*args, **kwargs):
+    class Failing:
+        def aot_compile(self, example):
             raise RuntimeError("no C++ compiler found")
 
-        return call
+    def failing(fn, **options):
+        return Failing()
 
     monkeypatch.setattr(compiled.torch, "compile", failing)
     tok = char_tokenizer()
@@ -185,12 +222,13 @@ def test_rapid_serve_builds_its_engine_with_a_compiled_draft_when_asked(served_m
 
 
 @torch.inference_mode()
-def test_a_pass_the_flash_kernel_would_leave_a_lone_row_runs_the_built_graph():
+def test_a_pass_the_flash_kernel_would_leave_a_lone_row_runs_the_built_graph(monkeypatch):
     """`attention._padded` pads a lone query row outside compiled passes only: inside one its
-    check would guard the graph, and an 11-token pass of a model with 3 query heads per KV
-    head (33 folded rows, a lone row in the kernel's blocks of 32) would build another (the
-    bench's first rapid call ran at 1.1 tok/s while it did). Last in the module: it builds
-    graphs of its own, which the tests above count (`pairs`)."""
+    check would become a guard on the pass's width, and an 11-token pass of a model with 3
+    query heads per KV head (33 folded rows, a lone row in the kernel's blocks of 32) would
+    fail the guards of the graph traced on 2 tokens and run eagerly (under dynamo's own
+    guards it built another graph: the bench's first rapid call ran at 1.1 tok/s). Last in
+    the module: it builds graphs of its own, which the tests above count (`pairs`)."""
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=16, hidden_size=24, intermediate_size=48, num_hidden_layers=1,
@@ -199,9 +237,9 @@ def test_a_pass_the_flash_kernel_would_leave_a_lone_row_runs_the_built_graph():
     model = LlamaForCausalLM(config).to(torch.float64).eval()
     use_rapid_attention(model)
     decode = compiled.compile_decode(model, 16)
-    built = graphs()
+    seen = ran_graphs(decode, monkeypatch)
     state = KVState.start(model, list(range(16)) * 3, 16, 16, 100, decode=decode)
     state.feed()  # the pending prompt token
     for width in (11, 10, 1, 11):
         state.feed(torch.arange(width) % 16)
-    assert graphs() == built
+    assert [(width, ran) for _, width, ran in seen] == [(w, True) for w in (1, 11, 10, 1, 11)]
