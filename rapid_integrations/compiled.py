@@ -11,13 +11,14 @@ come, never what is emitted; with eta > 0 the emitted law reads the draft's q (s
 which the graph rounds as any other kernel would.
 
 The graphs are built when the engine is (`warm`), where a compile error is the caller's to
-see: for SmolLM2-135M on two CPU cores 136 s the first time, 68 s once inductor's on-disk
-cache holds the kernels. There are two, compiled ahead of time (`aot_compile`, lengths
-symbolic): one for a pass of one token and one for passes of several, so neither the cache's
-growth nor the drafts' count recompiles. A pass does not go through dynamo's guard check,
-which cost SmolLM2's draft 1.9 of its 16 ms a pass: the guards are checked on a sequence's
-first pass through each graph, and what changes between its passes (its length, the pass's
-width) on every pass (`CompiledDecode.graph_for`); a pass outside them runs the model itself.
+see: for SmolLM2-135M on two CPU cores the engine took 106 s to build the first time, 84 s
+once inductor's on-disk cache held the kernels (2026-12-05). There are two, compiled ahead
+of time (`aot_compile`, lengths symbolic): one for a pass of one token and one for passes of
+several, so neither the cache's growth nor the drafts' count recompiles. A pass does not go
+through dynamo's guard check, which cost SmolLM2's draft 1.9 of its 16 ms a pass: the guards
+are checked on a sequence's first pass through each graph, and what changes between its
+passes (its length, the pass's width) on every pass (`CompiledDecode.graph_for`); a pass
+outside them runs the model itself.
 """
 
 from __future__ import annotations

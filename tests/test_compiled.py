@@ -83,13 +83,15 @@ def test_each_draft_pass_is_one_whole_graph(pairs):
 
 
 def ran_graphs(decode: compiled.CompiledDecode, monkeypatch) -> list[tuple[int, int, bool]]:
-    """(cache length, width, whether a graph ran it) of each pass `decode` runs from now."""
+    """(cache length, width, whether a graph ran it) of each pass `decode` runs from now; a
+    pass a graph runs must pass all its guards, which `graph_for` checks once per cache."""
     seen: list[tuple[int, int, bool]] = []
     chosen = decode.graph_for
 
     def recorded(input_ids, cache, keep):
         graph = chosen(input_ids, cache, keep)
         seen.append((cache.layers[0].length, input_ids.shape[1], graph is not None))
+        assert graph is None or graph.guard_check(input_ids.clone(), cache)
         return graph
 
     monkeypatch.setattr(decode, "graph_for", recorded)
