@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch._dynamo.config
@@ -63,14 +63,15 @@ class CompiledDecode(torch.nn.Module):
         self.checked: weakref.WeakKeyDictionary[DynamicCache, dict[bool, bool]] = (
             weakref.WeakKeyDictionary()
         )
-        self._param = cache_param(type(model))
+        # mypy takes a class for unhashable here (python/mypy#20409); classes hash by identity.
+        self._param = cache_param(type(model))  # type: ignore[arg-type]
 
     def build(self, state: KVState, several: bool) -> None:
         """Compile the graph for passes of several tokens (`several`) or one, tracing a pass
         of two or one on `state` (the pass is traced, not run)."""
         ids = torch.zeros((1, 1 + several), dtype=torch.long, device=self.model.device)
-        step = torch.compile(
-            _step(self.model),
+        step: Any = torch.compile(  # its ahead-of-time compile is not in torch's stubs
+            _step(self.model, self._param),
             dynamic=True,
             fullgraph=True,
             options={"guard_filter_fn": _kept_guards},
@@ -95,11 +96,13 @@ class CompiledDecode(torch.nn.Module):
         """The graph that runs this pass ([1, t] ids on `cache`, `keep` logit rows), or None
         for the model itself: a pass keeping every row on full-attention buffers with room
         for the ids, at least `MIN_LENGTH` long, whose cache passed the graph's guards."""
-        layers = cache.layers
-        if keep != 0 or not layers or not all(type(lay) is BufferedLayer for lay in layers):
+        if keep != 0 or not cache.layers:
             return None
-        length, width = layers[0].length, input_ids.shape[-1]
-        if length < MIN_LENGTH or length + width > layers[0].capacity:
+        if not all(type(layer) is BufferedLayer for layer in cache.layers):
+            return None
+        first = cast(BufferedLayer, cache.layers[0])
+        length, width = first.length, input_ids.shape[-1]
+        if length < MIN_LENGTH or length + width > first.capacity:
             return None
         several = width > 1
         graph = self.graphs[several]
@@ -127,10 +130,10 @@ def compile_decode(model: PreTrainedModel, vocab: int) -> CompiledDecode:
     return decode
 
 
-def _step(model: PreTrainedModel) -> Callable[[torch.Tensor, DynamicCache], Any]:
-    """`model`'s decode pass as a function of the ids and the cache alone (a closure: an
-    ahead-of-time compile would otherwise record the module it is a method of)."""
-    param = cache_param(type(model))
+def _step(model: PreTrainedModel, param: str) -> Callable[[torch.Tensor, DynamicCache], Any]:
+    """`model`'s decode pass as a function of the ids and the cache alone, passed as `param`
+    (a closure: an ahead-of-time compile would otherwise record the module it is a method
+    of)."""
 
     def step(input_ids: torch.Tensor, cache: DynamicCache) -> Any:
         return model.forward(

@@ -251,9 +251,10 @@ class RapidEngine:
     compile_draft: run the draft's decode passes through torch.compile (`compiled.py`): on a
     CPU a draft pass of a small model is mostly Python and small operations, which the
     compiled graph removes (docs/performance.md, "A compiled draft"). The graphs are built
-    here: for SmolLM2-135M on two CPU cores 136 s the first time, 68 s from inductor's
-    on-disk cache after that; `engine.draft_decode` is the compiled module. The draft must not be changed
-    after the engine is built.
+    here: for SmolLM2-135M on two CPU cores the engine builds in 106 s the first time, 84 s
+    from inductor's on-disk cache after that; `engine.draft_decode` is the compiled module.
+    The draft must not be changed after the engine is built (its graphs do not check every
+    pass that it was not: `compiled.py`).
     Models that use SDPA are switched to `attention.rapid_attention`, the same math without
     copying the grouped-query KV cache on verify passes.
     Every argument is checked before any weights load: bad values raise `RapidConfigError`.
