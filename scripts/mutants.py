@@ -40,6 +40,7 @@ DISTRIBUTION = "tests/test_engine_distribution.py"
 BATCH = "tests/test_batch.py"
 SHARED = "tests/test_shared_prefix.py"
 EXACT = "tests/test_engine_exact.py"
+COMPILED = "tests/test_compiled.py"
 _SAMPLED_ROW = "dist = residual(p[n], ph[n], q[n], cfg.residual) if n < gamma else ph[gamma]"
 _ACCEPT = (
     "n = accepted_count(x, ph[:gamma].gather(1, idx)[:, 0], q[:gamma].gather(1, idx)[:, 0], u)"
@@ -309,6 +310,30 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if cut < keys:\n",
         "    if False:\n",
         (EXACT,),
+    ),
+    Mutant(
+        "compiled-skips-guards",
+        "a compiled draft pass runs its graph on a cache that fails the graph's guards",
+        "rapid_integrations/compiled.py",
+        "passed[several] = graph.guard_check(input_ids.clone(), cache)",
+        "passed[several] = True",
+        (COMPILED,),
+    ),
+    Mutant(
+        "compiled-overflows",
+        "a compiled draft pass runs its graph with no room left in the buffers",
+        "rapid_integrations/compiled.py",
+        " or length + width > first.capacity:",
+        ":",
+        (COMPILED,),
+    ),
+    Mutant(
+        "compiled-short-cache",
+        "a compiled draft pass runs its graph on a cache shorter than the graphs hold for",
+        "rapid_integrations/compiled.py",
+        "if length < MIN_LENGTH or length",
+        "if length",
+        (COMPILED,),
     ),
 )
 
