@@ -84,8 +84,13 @@ class CompiledDecode(torch.nn.Module):
         self.graphs[several] = graph
 
     def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
-        cache = kwargs[self._param]
-        graph = self.graph_for(input_ids, cache, kwargs.get("logits_to_keep", 0))
+        cache = kwargs.get(self._param)
+        # The graphs take the ids and the cache alone: any other argument is the model's.
+        plain = kwargs.keys() <= {self._param, "use_cache", "logits_to_keep"}
+        if plain and cache is not None and kwargs.get("use_cache", True):
+            graph = self.graph_for(input_ids, cache, kwargs.get("logits_to_keep", 0))
+        else:
+            graph = None
         if graph is None:
             return self.model(input_ids=input_ids, **kwargs)
         # A fresh tensor [1, t]: the ids are often views into the prompt or the drafts, at

@@ -328,6 +328,14 @@ MUTANTS: tuple[Mutant, ...] = (
         (COMPILED,),
     ),
     Mutant(
+        "compiled-drops-arguments",
+        "a compiled draft pass runs its graph on a call with an argument the graph ignores",
+        "rapid_integrations/compiled.py",
+        'plain = kwargs.keys() <= {self._param, "use_cache", "logits_to_keep"}',
+        "plain = True",
+        (COMPILED,),
+    ),
+    Mutant(
         "compiled-short-cache",
         "a compiled draft pass runs its graph on a cache shorter than the graphs hold for",
         "rapid_integrations/compiled.py",

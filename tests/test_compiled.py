@@ -17,7 +17,7 @@ from rapid_integrations.bench.model_draft import pass_seconds
 from rapid_integrations.bench.models import tiny_pair
 from rapid_integrations.bench.probe import ForwardProbe
 from rapid_integrations.bench.runner import forward_modules
-from rapid_integrations.kv import KVState
+from rapid_integrations.kv import KVState, cache_param
 from tests.tiny import char_tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # compiles: ~20 s
@@ -124,10 +124,10 @@ def test_every_draft_decode_pass_runs_the_built_graphs_and_nothing_recompiles(pa
 
 
 @torch.inference_mode()
-def test_a_pass_the_graphs_do_not_hold_for_runs_the_model_itself(pairs):
+def test_a_pass_the_graphs_do_not_hold_for_runs_the_model_itself(pairs, monkeypatch):
     """No guard is checked as a graph runs: `graph_for` sends a pass the graphs were not built
-    for to the model, and a cache whose tensors fail the graph's guards (another dtype here)
-    never reaches it."""
+    for to the model, so does a call with an argument the graphs do not take, and a cache
+    whose tensors fail the graph's guards (another dtype here) never reaches them."""
     fast, _ = pairs["separate"]
     decode = fast.draft_decode
     model = decode.model
@@ -139,6 +139,16 @@ def test_a_pass_the_graphs_do_not_hold_for_runs_the_model_itself(pairs):
     assert decode.graph_for(ids, state.cache, 0) is decode.graphs[True]
     assert decode.graph_for(ids, state.cache, 1) is None  # keeps one logit row
     assert decode.graph_for(torch.arange(7)[None], state.cache, 0) is None  # 17 > 16 tokens
+    seen = ran_graphs(decode, monkeypatch)
+    twin = KVState.start(model, list(range(10)), fast.vocab_size, 4, 16)  # eager
+    twin.feed()
+    param = cache_param(type(model))
+    positions = torch.arange(20, 24)[None]  # an argument the graphs do not take: the model's
+    got = decode(ids, position_ids=positions, **{param: state.cache}).logits
+    want = model(input_ids=ids, position_ids=positions, **{param: twin.cache}).logits
+    # The same up to the rounding of the pending token's KV, which the graph computed.
+    assert torch.allclose(got, want, rtol=0, atol=1e-9)
+    assert seen == []
     other = KVState.start(model, list(range(10)), fast.vocab_size, 4, 16, decode=decode)
     for layer in other.cache.layers:  # float32 buffers where the graphs read float64
         layer._k, layer._v = layer._k.float(), layer._v.float()
