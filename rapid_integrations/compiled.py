@@ -99,15 +99,16 @@ class CompiledDecode(torch.nn.Module):
 
     def graph_for(self, input_ids: torch.Tensor, cache: DynamicCache, keep: int) -> Any:
         """The graph that runs this pass ([1, t] ids on `cache`, `keep` logit rows), or None
-        for the model itself: a pass keeping every row on full-attention buffers with room
-        for the ids, at least `MIN_LENGTH` long, whose cache passed the graph's guards."""
+        for the model itself: a pass of at least one token keeping every row, on full-attention
+        buffers with room for the ids, at least `MIN_LENGTH` long, whose cache passed the
+        graph's guards."""
         if keep != 0 or not cache.layers:
             return None
         if not all(type(layer) is BufferedLayer for layer in cache.layers):
             return None
         first = cast(BufferedLayer, cache.layers[0])
         length, width = first.length, input_ids.shape[-1]
-        if length < MIN_LENGTH or length + width > first.capacity:
+        if length < MIN_LENGTH or width < 1 or length + width > first.capacity:
             return None
         several = width > 1
         graph = self.graphs[several]

@@ -339,8 +339,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "compiled-short-cache",
         "a compiled draft pass runs its graph on a cache shorter than the graphs hold for",
         "rapid_integrations/compiled.py",
-        "if length < MIN_LENGTH or length",
-        "if length",
+        "if length < MIN_LENGTH or width",
+        "if width",
         (COMPILED,),
     ),
 )

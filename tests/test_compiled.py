@@ -138,6 +138,7 @@ def test_a_pass_the_graphs_do_not_hold_for_runs_the_model_itself(pairs, monkeypa
     assert decode.graph_for(ids[:, :1], state.cache, 0) is decode.graphs[False]
     assert decode.graph_for(ids, state.cache, 0) is decode.graphs[True]
     assert decode.graph_for(ids, state.cache, 1) is None  # keeps one logit row
+    assert decode.graph_for(ids[:, :0], state.cache, 0) is None  # no token
     assert decode.graph_for(torch.arange(7)[None], state.cache, 0) is None  # 17 > 16 tokens
     seen = ran_graphs(decode, monkeypatch)
     twin = KVState.start(model, list(range(10)), fast.vocab_size, 4, 16)  # eager
