@@ -44,6 +44,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.utils.import_utils import is_torch_greater_or_equal
 
+from .weight_only import NATIVE_BF16
+
 NAME = "rapid_decode"
 LAYOUT = "rapid_layout"
 """The forward keyword that carries a packed pass's layout (`kv.PackedCache`) to attention."""
@@ -68,12 +70,6 @@ adds a masked part and a merge a layer, which at 8K on 2 threads cost what the s
 (a 10-token verify 111 against 108 ms a pass) and at 32K are far outweighed (282 against
 345 ms)."""
 _SDPA_GQA = is_torch_greater_or_equal("2.5")  # scaled_dot_product_attention(enable_gqa=...)
-NATIVE_BF16 = any(
-    getattr(torch.cpu, probe, lambda: False)()  # private probes: absent in some versions
-    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-)
-"""The CPU computes in bf16 natively: a bf16 decode or verify block goes to the flash kernel
-(module docstring)."""
 
 
 def rapid_attention(

@@ -235,12 +235,13 @@ class RapidEngine:
     device / draft_device / dtype place and cast the models loaded here; a model object is
     used where and as it is, so one elsewhere than they ask is refused (`RapidConfigError`).
     draft_precision (one of `config.DRAFT_PRECISIONS`): "bfloat16", "float16", "int8-weight",
-    "int4-weight" (CPU) or "int8" drafts with a cheaper in-memory copy of the draft (of the
-    target, under self-speculation); outputs stay exact, acceptance may drop (int8 loses
-    most). "none" drafts with the draft as loaded. "auto" (the default; None means it too) is
-    "int4-weight" for self-speculation of a bf16 model on a CPU, where it was measured to pay
-    (docs/performance.md, "int4 groups of 32: the default draft on the CPU"), else "none";
-    `engine.draft_precision` says which was chosen.
+    "int4-weight" (CPU), "bf16-weight" (a float32 model) or "int8" drafts with a cheaper
+    in-memory copy of the draft (of the target, under self-speculation); outputs stay exact,
+    acceptance may drop (int8 loses most). "none" drafts with the draft as loaded. "auto" (the
+    default; None means it too), for self-speculation on a CPU, is "int4-weight" for a bf16
+    model and "bf16-weight" for a float32 one, where each was measured to pay
+    (`models.draft_precision_for`), else "none"; `engine.draft_precision` says which was
+    chosen.
     target_precision (one of `config.TARGET_PRECISIONS`): "int4-weight" (CPU, bf16) verifies
     with an int4 copy of the target, every Linear but the output head in 4-bit codes with a
     scale and offset per 32 input channels: a slightly different model, whose own output the

@@ -334,18 +334,23 @@ def load_tokenizer(
 
 def draft_precision_for(draft: PreTrainedModel, precision: str, self_draft: bool) -> str:
     """The copy to draft with (one of `config.DRAFT_COPIES`), or "none" (the draft as
-    loaded). "auto": "int4-weight" where it was measured to pay (docs/performance.md, "int4
-    groups of 32: the default draft on the CPU"): self-speculation of a bf16 model on a CPU
-    whose torch has the int4 kernel, not device-mapped or quantized; "none" elsewhere (a
-    separate draft model, float32, a GPU)."""
+    loaded). "auto", for self-speculation on the CPU of a model neither device-mapped nor
+    quantized, is the copy measured to pay there: "int4-weight" for a bf16 model where torch
+    has the int4 kernel (docs/performance.md, "int4 groups of 32: the default draft on the
+    CPU"), "bf16-weight" for a float32 one ("A bf16-weight draft for a float32 model"); "none"
+    elsewhere (a separate draft model, a GPU)."""
     import torch
 
     from .weight_only import INT4_KERNEL, has_kernel
 
     if precision != "auto":
         return precision
-    measured = self_draft and draft.dtype == torch.bfloat16 and not places_itself(draft)
-    return "int4-weight" if measured and has_kernel(INT4_KERNEL, draft.device) else "none"
+    if not self_draft or places_itself(draft) or draft.device.type != "cpu":
+        return "none"
+    if draft.dtype == torch.float32:
+        return "bf16-weight"
+    measured = draft.dtype == torch.bfloat16 and has_kernel(INT4_KERNEL, draft.device)
+    return "int4-weight" if measured else "none"
 
 
 def target_precision_for(precision: str) -> str:
@@ -369,13 +374,14 @@ def lower_precision_copy(
     scales on every Linear, the output head too (a tied head gets an int8 copy). "int4-weight":
     weight-only int4 with a scale and offset per 32 input channels on every Linear but the
     output head (CPU only; on weights already on such a grid, as a Q4_1 GGUF's are, it keeps
-    their codes exactly). Both keep activations in the model's dtype, and on torch's CPU
-    kernels (`weight_only.py`) the copy shares every weight it does not quantize with `model`
-    (the input embeddings, norms, a kept head). "int8": torch's dynamic quantization of every
-    Linear (CPU), which also quantizes activations to int8 with one scale per tensor: measured
-    on SmolLM2-135M, its top-1 agreement with the bf16 model is 0.44 (weight-only int8: 0.95,
-    0.97 with the head kept; int4 groups of 32, head kept: 0.98; float32: 0.98), hence the
-    acceptance it loses (docs/performance.md).
+    their codes exactly). "bf16-weight" (a float32 model only): every Linear's weight in
+    bf16, its products rounded as a bf16 model's. All three keep activations in the model's
+    dtype, and on torch's CPU kernels (`weight_only.py`) the copy shares every weight it does
+    not quantize with `model` (the input embeddings, norms, a kept head). "int8": torch's
+    dynamic quantization of every Linear (CPU), which also quantizes activations to int8 with
+    one scale per tensor: measured on SmolLM2-135M, its top-1 agreement with the bf16 model is
+    0.44 (weight-only int8: 0.95, 0.97 with the head kept; int4 groups of 32, head kept: 0.98;
+    float32: 0.98), hence the acceptance it loses (docs/performance.md).
     """
     import copy
     import warnings
@@ -391,6 +397,8 @@ def lower_precision_copy(
         )
     if precision in ("int8-weight", "int4-weight"):
         return _weight_only(model, precision, name).eval()
+    if precision == "bf16-weight":
+        return _bf16_weight(model, name).eval()
     clone = copy.deepcopy(model)
     if precision != "int8":
         return clone.to(resolve_dtype(precision, model.device)).eval()  # type: ignore[arg-type]  # python/typeshed#10653
@@ -418,8 +426,7 @@ def _weight_only(model: PreTrainedModel, precision: str, name: str) -> PreTraine
 
     int4 = precision == "int4-weight"
     if has_kernel(INT4_KERNEL if int4 else INT8_KERNEL, model.device):
-        # The swap replaces Linear modules and never writes a weight: what it leaves is shared.
-        clone = copy.deepcopy(model, memo={id(p): p for p in model.parameters()})
+        clone = _sharing_copy(model)
         if int4:
             _warn_slow_int4(model, name)
             int4_weight_only(clone, clone.get_output_embeddings())
@@ -433,6 +440,32 @@ def _weight_only(model: PreTrainedModel, precision: str, name: str) -> PreTraine
             "load it quantized instead, with a quantization_config in its model_kwargs",
         )
     return _torchao_int8(copy.deepcopy(model))
+
+
+def _bf16_weight(model: PreTrainedModel, name: str) -> PreTrainedModel:
+    """A copy of a float32 `model` whose Linears hold their weights in bf16
+    (`weight_only.Bf16WeightLinear`), sharing its other weights."""
+    import torch
+
+    from .weight_only import bf16_weight_only
+
+    if model.dtype != torch.float32:
+        raise RapidConfigError(
+            name,
+            f"'bf16-weight' reads a float32 model's weights in bfloat16; this model is "
+            f"{str(model.dtype).removeprefix('torch.')}: use 'none', or 'int4-weight' on the CPU",
+        )
+    clone = _sharing_copy(model)
+    bf16_weight_only(clone)
+    return clone
+
+
+def _sharing_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """A copy of `model`'s modules holding `model`'s own parameters: a Linear swap on it
+    replaces modules and never writes a weight, so what it leaves is shared."""
+    import copy
+
+    return copy.deepcopy(model, memo={id(p): p for p in model.parameters()})
 
 
 def _warn_slow_int4(model: PreTrainedModel, name: str) -> None:

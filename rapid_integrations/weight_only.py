@@ -1,5 +1,6 @@
 """Weight-only int8 and int4 Linear layers on torch's own CPU kernels
-(`draft_precision="int8-weight"` and `"int4-weight"`); activations keep their dtype.
+(`draft_precision="int8-weight"` and `"int4-weight"`), and bf16 weights for a float32 model
+(`"bf16-weight"`); activations keep their dtype.
 
 torchao's weight-only int8 tensor casts the whole int8 weight back to the activations' dtype
 at every call and multiplies in that dtype (fast once `torch.compile` fuses the two, which a
@@ -17,6 +18,11 @@ default draft on the CPU"): a row's int8 scale is set by its largest weight, a g
 its own 32. The output head stays in the model's dtype: it is the tied input embedding, and in
 int4 it cut agreement to 0.88. torchao 0.18 has no CPU int4 path, so int4 runs where torch has
 this kernel only.
+
+A float32 model's one-token forward is bound by reading its weights, and torch's float32
+product of one row reads them slowly on the CPU (MKL's, 11 GB/s here) where its bf16 product
+of a few rows reads half the bytes at twice the rate (`Bf16WeightLinear`: docs/performance.md,
+"A bf16-weight draft for a float32 model").
 """
 
 from __future__ import annotations
@@ -30,6 +36,18 @@ INT4_CODES = 16  # 4-bit codes 0..15; the kernel reads code c as scale * (c - 8)
 GROUP = 32  # input channels per int4 scale and offset (group 64 cut agreement to 0.73)
 INT4_ROWS = 16  # the int4 packing needs output channels in multiples of this
 INT8_KERNEL, INT4_KERNEL = "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu"
+NATIVE_BF16 = "AVX512" in torch.backends.cpu.get_cpu_capability() and any(
+    getattr(torch.cpu, probe, lambda: False)()  # private probes: absent in some versions
+    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+)
+"""The CPU computes in bf16 natively (AVX512-BF16 or AMX) at the capability torch's kernels
+are dispatched to, which `ATEN_CPU_CAPABILITY=avx2` lowers below the hardware's."""
+HALF_ROWS = 16
+"""Rows up to which a `Bf16WeightLinear` runs torch's bf16 kernel on a CPU without native
+bf16 (AVX2), where that kernel runs a dot product per row: 47-100 us a row for a 1536 x 576
+weight, against 300-750 us for float32's product of 1 to 33 rows plus the weight's conversion
+to float32, so longer passes convert (a prefill chunk of 256 rows: 3.4 against 11.8 ms).
+With native bf16 the bf16 kernel is the fastest at every width (256 rows: 1.2 ms)."""
 
 
 def has_kernel(op: str, device: torch.device) -> bool:
@@ -125,6 +143,44 @@ class Int4WeightLinear(torch.nn.Module):
         )
 
 
+class Bf16WeightLinear(torch.nn.Module):
+    """y = x W^T + b for a float32 Linear, with x, W and the product rounded to bf16 as a
+    bf16 model's are (sums in float32), y returned in x's dtype. Torch's bf16 kernel runs
+    every pass where the CPU has native bf16 and passes of up to `HALF_ROWS` rows elsewhere;
+    longer ones there multiply the same bf16 values in float32, so a prompt read in one pass
+    or in several gives the same values but where float32 sums in another order round to the
+    next bf16 step (docs/algorithm.md section 8). A compiled graph (`compiled.py`, decode
+    passes only) always runs the bf16 kernel, as a shape test in it would become a guard.
+
+    weight: [out_features, in_features] bf16; bias: [out_features] or None (shared).
+    """
+
+    weight: torch.Tensor  # a buffer, declared for the type checker
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16))
+        self.bias = linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., in_features] -> [..., out_features]."""
+        rounded = x.to(torch.bfloat16)
+        few = x.numel() <= HALF_ROWS * self.in_features
+        if NATIVE_BF16 or few or torch.compiler.is_compiling():
+            y = torch.nn.functional.linear(rounded, self.weight)
+        else:
+            y = torch.nn.functional.linear(rounded.float(), self.weight.float())
+        y = y.to(torch.bfloat16).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bf16 weight, bf16 kernel up to {HALF_ROWS} rows"
+        )
+
+
 def _finish(
     y: torch.Tensor, x: torch.Tensor, out_features: int, bias: torch.Tensor | None
 ) -> torch.Tensor:
@@ -162,3 +218,9 @@ def int4_weight_only(model: torch.nn.Module, head: torch.nn.Module | None) -> No
             else None
         ),
     )
+
+
+def bf16_weight_only(model: torch.nn.Module) -> None:
+    """Replace every `torch.nn.Linear` of `model` with a `Bf16WeightLinear`, in place (a head
+    tied to the input embeddings gets its own bf16 copy; the embeddings keep theirs)."""
+    _swap(model, Bf16WeightLinear)

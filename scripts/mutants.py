@@ -343,6 +343,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "if width",
         (COMPILED,),
     ),
+    Mutant(
+        "bf16-weight-prefills-in-bf16",
+        "a bf16-weight draft runs the bf16 kernel on every pass, a prefill chunk without native bf16 too",
+        "rapid_integrations/weight_only.py",
+        "if NATIVE_BF16 or few or",
+        "if True or",
+        ("tests/test_weight_only.py",),
+    ),
+    Mutant(
+        "bf16-weight-decodes-in-float32",
+        "a bf16-weight draft multiplies one-token passes in float32 without native bf16",
+        "rapid_integrations/weight_only.py",
+        "few = x.numel() <= HALF_ROWS * self.in_features",
+        "few = x.numel() < self.in_features",
+        ("tests/test_weight_only.py",),
+    ),
 )
 
 

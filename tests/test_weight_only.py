@@ -1,4 +1,5 @@
-"""`draft_precision="int8-weight"` / `"int4-weight"` on torch's CPU kernels (`weight_only.py`)."""
+"""`draft_precision="int8-weight"` / `"int4-weight"` on torch's CPU kernels, and
+`"bf16-weight"` for a float32 model (`weight_only.py`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import torch
 from rapid_integrations import RapidConfig, RapidEngine
 from rapid_integrations.errors import RapidConfigError
 from rapid_integrations.weight_only import (
+    HALF_ROWS,
     INT4_KERNEL,
     INT8_KERNEL,
+    Bf16WeightLinear,
     Int4WeightLinear,
     Int8WeightLinear,
     has_kernel,
@@ -95,8 +98,9 @@ def test_kernel_exists_on_cpu_only_where_torch_has_one(monkeypatch, op):
         # One group a row at this width, on random weights: 0.26 measured (1 of 320 if the
         # scales and offsets are swapped).
         ("int4-weight", Int4WeightLinear, True, 0.2),
+        ("bf16-weight", Bf16WeightLinear, True, 0.8),
     ],
-    ids=["int8-torch-kernel", "int8-torchao", "int4-torch-kernel"],
+    ids=["int8-torch-kernel", "int8-torchao", "int4-torch-kernel", "bf16-weight"],
 )
 def test_weight_only_draft_keeps_the_targets_greedy_tokens(
     tok, monkeypatch, precision, module, kernel, kept
@@ -186,13 +190,115 @@ def test_auto_drafts_in_int4_for_a_bf16_self_draft_on_the_cpu_sharing_what_it_ke
             assert getattr(engine.draft, weights)().weight is getattr(t, weights)().weight
 
 
-def test_auto_keeps_the_draft_as_loaded_where_int4_was_not_measured(tok, monkeypatch):
+def test_auto_keeps_the_draft_as_loaded_where_no_copy_was_measured(tok, monkeypatch):
     fp32 = tiny_llama(len(tok), seed=31, dtype=torch.float32)
     bf16 = tiny_llama(len(tok), seed=31, dtype=torch.bfloat16)
     other = tiny_llama(len(tok), seed=32, dtype=torch.bfloat16)
-    engine = RapidEngine(fp32, tokenizer=tok)
-    assert engine.draft is fp32 and engine.draft_precision == "none"
+    other32 = tiny_llama(len(tok), seed=32, dtype=torch.float32)
     assert RapidEngine(bf16, other, tokenizer=tok).draft is other  # a separate draft
+    assert RapidEngine(fp32, other32, tokenizer=tok).draft is other32
     assert RapidEngine(bf16, tokenizer=tok, draft_precision="none").draft is bf16
+    assert RapidEngine(fp32, tokenizer=tok, draft_precision="none").draft is fp32
     monkeypatch.setattr("rapid_integrations.weight_only.has_kernel", lambda op, d: False)
     assert RapidEngine(bf16, tokenizer=tok).draft is bf16  # no int4 kernel: no error either
+
+
+def _products(x: torch.Tensor, linear: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """x W^T + b in float64: from x and W as they are, and from both rounded to bf16 with the
+    product rounded to bf16 too (as a bf16 model's Linear gives it)."""
+    w = linear.weight.detach()
+    bias = linear.bias.detach().double() if linear.bias is not None else 0
+    rounded = x.to(torch.bfloat16).double() @ w.to(torch.bfloat16).double().T
+    return x.double() @ w.double().T + bias, rounded.to(torch.bfloat16).double() + bias
+
+
+def _near(y: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Within one bf16 step (2^-8 relative): float32 sums in another order may round a
+    product to the next bf16 value."""
+    return bool(((y.double() - expected).abs() <= 2**-8 * expected.abs() + 1e-6).all())
+
+
+def _kernel_dtypes(monkeypatch: pytest.MonkeyPatch) -> list[torch.dtype]:
+    """The dtypes `torch.nn.functional.linear` is called with from now on."""
+    seen: list[torch.dtype] = []
+    linear = torch.nn.functional.linear
+
+    def spy(x: torch.Tensor, *args: object) -> torch.Tensor:
+        seen.append(x.dtype)
+        return linear(x, *args)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", spy)
+    return seen
+
+
+@pytest.mark.parametrize("native", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+def test_bf16_weight_is_the_bf16_product_from_the_kernel_each_cpu_runs_fastest(
+    monkeypatch, native, bias
+):
+    """Every width gives the bf16-rounded product (x, W and x W^T in bf16, float32 sums),
+    far from the float32 one. Without native bf16 passes of up to `HALF_ROWS` rows (over all
+    leading axes) run torch's bf16 kernel and longer ones multiply in float32; with it every
+    pass runs the bf16 kernel."""
+    monkeypatch.setattr("rapid_integrations.weight_only.NATIVE_BF16", native)
+    linear = _linear(48, 64, torch.float32, bias)
+    half = Bf16WeightLinear(linear)
+    assert half.weight.dtype == torch.bfloat16 and half.bias is linear.bias
+    dtypes = _kernel_dtypes(monkeypatch)
+    gen = torch.Generator().manual_seed(2)
+    for shape in [(1, 1, 64), (2, 8, 64), (1, 17, 64), (3, 40, 64)]:
+        x = torch.randn(shape, generator=gen)
+        y = half(x)
+        exact, in_bf16 = _products(x, linear)
+        assert y.shape == (*shape[:-1], 48) and y.dtype == torch.float32
+        assert _near(y, in_bf16) and (y.double() - exact).abs().max() > 1e-3
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert dtypes == ([bf16] * 4 if native else [bf16, bf16, fp32, fp32])
+    assert HALF_ROWS == 16  # the shapes above straddle it
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_weight_gives_a_prompt_read_at_once_the_values_read_a_token_at_a_time(
+    monkeypatch, native
+):
+    """What a seeded call's repeat rests on: with or without the prefix cache a prompt's
+    tokens are read in passes of other widths, and the kernels differ in their sums' order
+    only, so nearly every value is equal and none is more than one bf16 step apart."""
+    monkeypatch.setattr("rapid_integrations.weight_only.NATIVE_BF16", native)
+    half = Bf16WeightLinear(_linear(48, 64, torch.float32))
+    x = torch.randn(40, 64, generator=torch.Generator().manual_seed(3))
+    whole, apart = half(x), torch.cat([half(row[None]) for row in x])
+    assert _near(whole, apart.double())
+    assert (whole == apart).float().mean() > 0.99
+
+
+def test_bf16_weight_runs_the_bf16_kernel_in_a_compiled_graph_whatever_its_rows(monkeypatch):
+    """A compiled graph holds no shape test (`compiled.py` checks only lengths per pass): one
+    graph serves 2 to 19 rows, each the bf16 product."""
+    monkeypatch.setattr("rapid_integrations.weight_only.NATIVE_BF16", False)
+    linear = _linear(48, 64, torch.float32, True)
+    compiled = torch.compile(Bf16WeightLinear(linear), dynamic=True, fullgraph=True)
+    for rows in (2, HALF_ROWS + 3):
+        x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows))
+        assert _near(compiled(x), _products(x, linear)[1])
+
+
+def test_auto_drafts_a_float32_self_draft_from_bf16_weights_sharing_the_rest(tok):
+    """On the CPU a float32 self-draft's default copy holds every Linear weight in bf16 and
+    shares the target's other weights (embeddings, norms); the target keeps its Linears."""
+    t = tiny_llama(len(tok), seed=31, dtype=torch.float32)
+    engine = RapidEngine(t, tokenizer=tok)
+    assert engine.draft_precision == "bf16-weight" and engine.draft is not t
+    linears = [m for m in t.modules() if isinstance(m, torch.nn.Linear)]
+    halves = [m for m in engine.draft.modules() if isinstance(m, Bf16WeightLinear)]
+    assert len(halves) == len(linears) and not any(
+        isinstance(m, torch.nn.Linear) for m in engine.draft.modules()
+    )
+    kept = {id(p) for p in t.parameters()} - {id(m.weight) for m in linears}
+    assert {id(p) for p in engine.draft.parameters()} == kept
+
+
+def test_bf16_weight_on_a_model_not_in_float32_is_refused(tok):
+    bf16 = tiny_llama(len(tok), seed=31, dtype=torch.bfloat16)
+    with pytest.raises(RapidConfigError, match=r"draft_precision.*float32 model.*bfloat16"):
+        RapidEngine(bf16, tokenizer=tok, draft_precision="bf16-weight")
