@@ -159,8 +159,11 @@ def test_eta0_greedy_with_a_budget_equals_the_targets_own(
 
 def test_self_draft_keeps_every_draft_across_the_forced_marker(rtok, rtarget):
     """The forced tokens enter the draft's cache and constraints as the target's: drafting
-    with the target itself, every draft is kept, before and after the end marker."""
-    engine = RapidEngine(rtarget, tokenizer=rtok, config=RapidConfig(lookup_ngram=0))
+    with the target itself (not the bf16-weight copy a float32 self-draft gets by default),
+    every draft is kept, before and after the end marker."""
+    engine = RapidEngine(
+        rtarget, tokenizer=rtok, config=RapidConfig(lookup_ngram=0), draft_precision="none"
+    )
     # eta > 0 without a grammar: the draft reads ahead past its drafts (section 2.7).
     for grammar, eta in ((None, 0.0), (None, 2.0), (Grammar.json_schema(PERSON), 0.0)):
         out = engine.generate(
