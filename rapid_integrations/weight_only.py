@@ -166,13 +166,17 @@ class Bf16WeightLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., in_features] -> [..., out_features]."""
         rounded = x.to(torch.bfloat16)
-        few = x.numel() <= HALF_ROWS * self.in_features
-        if NATIVE_BF16 or few or torch.compiler.is_compiling():
+        # Compiling first: the width test is not traced (no guard on it).
+        if torch.compiler.is_compiling() or NATIVE_BF16 or self._few(x):
             y = torch.nn.functional.linear(rounded, self.weight)
         else:
             y = torch.nn.functional.linear(rounded.float(), self.weight.float())
         y = y.to(torch.bfloat16).to(x.dtype)
         return y if self.bias is None else y + self.bias
+
+    def _few(self, x: torch.Tensor) -> bool:
+        """Whether x [..., in_features] has at most `HALF_ROWS` rows."""
+        return x.numel() <= HALF_ROWS * self.in_features
 
     def extra_repr(self) -> str:
         return (

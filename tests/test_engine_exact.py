@@ -165,6 +165,7 @@ def test_keys_split_across_threads_match_transformers(monkeypatch, dtype, q_len,
     runs. A mask with a hole in the keys every query would see (padding) is not split."""
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)  # 4 runs for 3 KV heads
     monkeypatch.setattr(attention, "MIN_SPLIT_VERIFY_KEYS", 1024)
+    monkeypatch.setattr(attention, "NATIVE_BF16", True)  # bf16 takes the flash kernel anywhere
     batches: list[int] = []
     real = attention._FLASH_CPU
 
@@ -206,6 +207,7 @@ def test_a_lone_query_row_gets_a_zero_row_and_keeps_its_output(
     keys) and split (2,101 keys: the runs, and the verify block's own masked keys)."""
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
     monkeypatch.setattr(attention, "MIN_SPLIT_VERIFY_KEYS", 1024)
+    monkeypatch.setattr(attention, "NATIVE_BF16", True)  # bf16 takes the flash kernel anywhere
     rows: list[tuple[int, int]] = []
     real = attention._padded
 

@@ -274,8 +274,10 @@ def test_bf16_weight_gives_a_prompt_read_at_once_the_values_read_a_token_at_a_ti
 
 def test_bf16_weight_runs_the_bf16_kernel_in_a_compiled_graph_whatever_its_rows(monkeypatch):
     """A compiled graph holds no shape test (`compiled.py` checks only lengths per pass): one
-    graph serves 2 to 19 rows, each the bf16 product."""
+    graph serves 2 to 19 rows (a second would be a recompile, an error here), each the bf16
+    product."""
     monkeypatch.setattr("rapid_integrations.weight_only.NATIVE_BF16", False)
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
     linear = _linear(48, 64, torch.float32, True)
     compiled = torch.compile(Bf16WeightLinear(linear), dynamic=True, fullgraph=True)
     for rows in (2, HALF_ROWS + 3):
