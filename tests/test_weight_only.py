@@ -261,9 +261,9 @@ def test_bf16_weight_is_the_bf16_product_from_the_kernel_each_cpu_runs_fastest(
 def test_bf16_weight_gives_a_prompt_read_at_once_the_values_read_a_token_at_a_time(
     monkeypatch, native
 ):
-    """What a seeded call's repeat rests on: with or without the prefix cache a prompt's
-    tokens are read in passes of other widths, and the kernels differ in their sums' order
-    only, so nearly every value is equal and none is more than one bf16 step apart."""
+    """With or without the prefix cache a prompt's tokens are read in passes of other widths:
+    the kernels differ in their sums' order only, so nearly every value is equal and none is
+    more than one bf16 step apart (docs/algorithm.md section 8)."""
     monkeypatch.setattr("rapid_integrations.weight_only.NATIVE_BF16", native)
     half = Bf16WeightLinear(_linear(48, 64, torch.float32))
     x = torch.randn(40, 64, generator=torch.Generator().manual_seed(3))
