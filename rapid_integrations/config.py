@@ -133,7 +133,8 @@ class RapidConfig:
     #     drafts, keeping those its own drafting would give: the output is unchanged, only
     #     faster;
     # lookup_tokens  the most copies one proposal holds (transformers'
-    #     prompt_lookup_num_tokens): unlike the model's gamma drafts, copies cost no draft steps.
+    #     prompt_lookup_num_tokens): unlike the model's gamma drafts, copies cost no draft steps;
+    #     on the CPU the draft reads only those measured to pay (docs/algorithm.md 2.10).
     draft_confidence_threshold: float = 0.0
     adaptive_gamma: bool | Literal["measured"] = False
     gamma_max: int = 32

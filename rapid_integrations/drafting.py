@@ -29,6 +29,7 @@ from .config import RapidConfig
 from .constraints import Constraints
 from .kv import Feed, Forwards, KVState
 from .sampling import check_finite, log_probs
+from .schedule import CopyPrices
 
 Find = Callable[[list[int], int], list[int]]
 """Copies continuing the sequence and the given drafts, at most n ids ([] if none):
@@ -51,9 +52,10 @@ class Proposer(Protocol):
         ...
 
     @property
-    def lookup_counts(self) -> tuple[int, int]:
-        """(drafted, accepted) over the call: copies the draft kept as drafts, and of them
-        those the target kept ((0, 0) without a lookup; `stats.lookup_drafted_tokens`)."""
+    def lookup_counts(self) -> tuple[int, int, int]:
+        """(offered, drafted, accepted) over the call: copies the draft read to vet them, of
+        them those it kept as drafts, and of those the ones the target kept ((0, 0, 0) without
+        a lookup; `stats.lookup_offered_tokens`)."""
         ...
 
     def propose(
@@ -108,15 +110,24 @@ class ModelProposer:
         self._x = state.pending[:0]  # [k] the last proposal
         self._fed = 0  # how many of its tokens the draft has read (x_k only if reads_ahead)
         self.copied_at: list[int] = []  # which drafts of the last proposal were copies
-        self._copies_drafted, self._copies_accepted = 0, 0  # over the call: `lookup_counts`
+        self._copies_offered, self._copies_drafted, self._copies_accepted = 0, 0, 0  # per call
+        # Priced where no output is promised under one set of offers: a greedy call's is the
+        # same whatever the draft reads, an unseeded sampled call's draws were never
+        # repeatable; a seeded one's are, and which copies are read consumes its draws.
+        priced = config.greedy or config.seed is None
+        self._prices = CopyPrices(
+            config.lookup_tokens, priced and state.pending.device.type == "cpu"
+        )
+        # (position, copy) of the last proposal's lookups not offered, for `_prices`
+        self._unoffered: list[tuple[int, int]] = []
 
     @property
     def copies(self) -> int:
         return len(self.copied_at)
 
     @property
-    def lookup_counts(self) -> tuple[int, int]:
-        return self._copies_drafted, self._copies_accepted
+    def lookup_counts(self) -> tuple[int, int, int]:
+        return self._copies_offered, self._copies_drafted, self._copies_accepted
 
     def propose(
         self, gamma: int, room: int = 0, find: Find | None = None
@@ -129,7 +140,7 @@ class ModelProposer:
         the drafts so far and keeps a prefix of them as drafts (`_read`, docs/algorithm.md
         section 2.10): at most `lookup_tokens` copies a proposal, and `copied_at` says which.
         k <= max(gamma, room)."""
-        self.copied_at = []
+        self.copied_at, self._unoffered = [], []
         if gamma == 0 and find is None:
             self._x, self._fed = self._x[:0], 0
             return self._x, None
@@ -167,17 +178,25 @@ class ModelProposer:
         find: Find | None,
     ) -> Forwards[tuple[torch.Tensor, torch.Tensor | None]]:
         """One forward pass of the draft over `tail` ([t] ids) and the copies `find` offers
-        after the drafts xs (up to `limit` drafts in all). Copy i is kept with probability
+        after the drafts xs (up to `limit` drafts in all, as many as `CopyPrices.worth`; a
+        lookup not offered is remembered in `_unoffered`). Copy i is kept with probability
         q_i(x_i), a one-hot proposal's acceptance (greedy: while each is q's argmax, the
         draft's own pick), and the kept prefix joins xs and qs, so every draft is distributed
         as q, as if the draft had drafted it. Returns the draft's logits [V] past xs and the
         first copy it did not keep ([1]; None if none): the next pick comes from q without
         it, so it follows q too."""
-        n = min(limit - len(xs), self._cfg.lookup_tokens - self.copies)
-        found = find(torch.cat(xs).tolist() if xs else [], n) if find and n > 0 else []
-        copies = torch.tensor(found, dtype=torch.long, device=tail.device)
+        room = min(limit - len(xs), self._cfg.lookup_tokens - self.copies)
+        offer = self._prices.worth(room)
+        wanted = max(offer, 1) if find and room > 0 else 0
+        found = find(torch.cat(xs).tolist() if xs else [], wanted) if wanted else []
+        if found and not offer:
+            self._unoffered.append((len(xs), found[0]))
+        copies = torch.tensor(found[:offer], dtype=torch.long, device=tail.device)
         k = copies.numel()
-        rows = (yield self._feed(torch.cat([tail, copies])))[-(k + 1) :]  # [k + 1, V] logits
+        before = self.state.forward_seconds
+        logits = yield self._feed(torch.cat([tail, copies]))  # [pending + t + k, V]
+        self._prices.timed(logits.shape[0], self.state.forward_seconds - before)
+        rows = logits[-(k + 1) :]
         if not k:
             return rows[0], None
         q = self._q(rows[:k]) if self._need_q else None  # [k, V]
@@ -189,6 +208,8 @@ class ModelProposer:
         # Kept up to the first copy not kept, or through the first end id (then drafting stops).
         keep[1:] &= ~torch.isin(copies[:-1], self._end_tensor)
         kept = int(keep.int().cumprod(0).sum())
+        self._prices.learn(k, kept)
+        self._copies_offered += k
         self.state.rollback(k - kept)
         self.copied_at += range(len(xs), len(xs) + kept)
         xs.extend(copies[:kept, None])  # [1] each
@@ -281,9 +302,20 @@ class ModelProposer:
             self._constraints.settle(accepted, token)
         self._copies_drafted += self.copies
         self._copies_accepted += sum(i < accepted for i in self.copied_at)
+        self._learn_unoffered()
         # The draft has read its pending tokens and x_1..x_fed of the last proposal.
         self.state.rollback(max(0, self._fed - accepted))
         self.state.append(torch.cat([self._x[self._fed : accepted], token.to(self._x.device)]))
+
+    def _learn_unoffered(self) -> None:
+        """Teach `_prices` the lookups the last proposal did not offer, each as a run of one
+        copy: the draft's own pick at its position is the copy with the chance the draft
+        would have kept it (greedy: iff it is the argmax; sampled: q(copy))."""
+        picked = [(at, copy) for at, copy in self._unoffered if at < self._x.numel()]
+        drafts = self._x[[at for at, _ in picked]].tolist() if picked else []
+        for (_, copy), draft in zip(picked, drafts, strict=True):
+            self._prices.learn(1, int(draft == copy))
+        self._unoffered = []
 
     def force(self, tokens: torch.Tensor) -> None:
         """See `Proposer.force`: queued after the committed tokens, through the constraints."""
@@ -358,7 +390,7 @@ class LookupFirst:
         return self.model.copies
 
     @property
-    def lookup_counts(self) -> tuple[int, int]:
+    def lookup_counts(self) -> tuple[int, int, int]:
         return self.model.lookup_counts
 
     def propose(

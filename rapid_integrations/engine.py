@@ -857,7 +857,11 @@ def _count(
     if proposer:
         stats.draft_forward_passes = proposer.state.forward_passes
         stats.draft_forward_seconds = proposer.state.forward_seconds
-        stats.lookup_drafted_tokens, stats.lookup_accepted_tokens = proposer.lookup_counts
+        (
+            stats.lookup_offered_tokens,
+            stats.lookup_drafted_tokens,
+            stats.lookup_accepted_tokens,
+        ) = proposer.lookup_counts
 
 
 def _is_out_of_memory(exc: Exception) -> bool:

@@ -46,6 +46,7 @@ class RapidStats:
     grammar_seconds: float = 0.0
     overhead_fraction: float = 0.0
     mean_accepted_per_pass: float = 0.0
+    lookup_offered_tokens: int = 0  # copies the draft read to vet (docs/algorithm.md 2.10)
     lookup_drafted_tokens: int = 0  # of drafted_tokens, those the lookup proposer copied
     lookup_accepted_tokens: int = 0
     # speculate_min_context="auto" measured drafting slower than the target alone and stopped

@@ -19,6 +19,55 @@ from typing import Protocol
 from .config import RapidConfig
 
 
+class RunCurve:
+    """How far runs of proposed tokens are kept, index by index: for each index j, how often
+    a recent run reached its j-th token and how often it was cut there (a pass's drafts, cut
+    at the verdict's rejection; a lookup's copies, cut at the first the draft does not keep).
+    Each verdict (a kept token, or the cut) weighs `DECAY` times less per later verdict.
+    Tokens come in runs on real text (a pass is kept whole or cut early), which a single
+    per-token rate under-counts: at 8K, gamma 8 kept 113 of 119 drafts, 8.5 tokens a pass,
+    where the rate's (1 - a^9) / (1 - a) says 7.0.
+    """
+
+    DECAY = 0.97
+    """Weight lost per later verdict: acceptance follows the text being written, over about
+    the last 1 / (1 - DECAY) = 33 tokens whatever the runs' lengths are (a decay per run would
+    remember fewer tokens at a small gamma, read a lower acceptance there and keep gamma
+    small)."""
+
+    PRIOR_PASSES = 4.0
+    """Pseudo-runs at the pooled cut rate behind each index's own rate: one cut among the few
+    runs that reached an index (at 8K, draft 5 of 3 passes) would otherwise read as a rate
+    near 1/3 there, and gamma would stay below it for the rest of the call, as no later pass
+    reaches that index to correct it."""
+
+    def __init__(self, size: int) -> None:
+        self._reached = [0.0] * size  # decayed runs that reached token j
+        self._cut = [0.0] * size  # decayed runs cut at token j
+
+    def learn(self, proposed: int, kept: int) -> float:
+        """A run of `proposed` tokens whose first `kept` were kept; returns the fade its
+        verdicts gave the older ones."""
+        cut = int(kept < proposed)
+        fade = self.DECAY ** (kept + cut)
+        self._reached = [fade * r + (j < kept + cut) for j, r in enumerate(self._reached)]
+        self._cut = [fade * r + (j == kept < proposed) for j, r in enumerate(self._cut)]
+        return fade
+
+    def kept_chances(self, n: int) -> list[float]:
+        """For j < n (at most the curve's size): the chance that tokens 0..j of a run are all
+        kept. Token j is cut at rate (cuts at j + w h) / (runs reaching j + w): w =
+        `PRIOR_PASSES` pseudo-runs at the pooled rate h = (all cuts + 1/2) / (all verdicts +
+        1), which is what an index never reached gets."""
+        pooled = (sum(self._cut) + 0.5) / (sum(self._reached) + 1)
+        w = self.PRIOR_PASSES
+        chances, kept = [], 1.0
+        for j in range(min(n, len(self._reached))):
+            kept *= 1 - (self._cut[j] + w * pooled) / (self._reached[j] + w)
+            chances.append(kept)
+        return chances
+
+
 class PassCosts:
     """What a call's own passes measured (seconds), for `GammaSchedule`.
 
@@ -27,28 +76,13 @@ class PassCosts:
     plain step as a line in its drafts (`verify_line`); the tokens and seconds of all drafting
     passes (`realized_speedup`); how many copies the draft kept per pick (docs/algorithm.md
     section 2.10); and the acceptance curve of recent drafts, copies included (they are
-    distributed as the draft's own): for each draft index j, how often a pass reached its
-    j-th draft and how often it was rejected there. Each verdict (a kept
-    draft, or the rejection) and each copy weighs `DECAY` times less per later verdict.
-    Acceptance comes in runs on real text (a pass is kept whole or cut early), which a single
-    per-draft rate under-counts: at 8K, gamma 8 kept 113 of 119 drafts, 8.5 tokens a pass,
-    where the rate's (1 - a^9) / (1 - a) says 7.0.
+    distributed as the draft's own): a `RunCurve` over the passes' drafts. Each copy weighs
+    `RunCurve.DECAY` times less per later verdict, as the curve's verdicts do.
     """
-
-    DECAY = 0.97
-    """Weight lost per later verdict: acceptance follows the text being written, over about
-    the last 1 / (1 - DECAY) = 33 drafts whatever gamma is (a decay per pass would remember
-    fewer drafts at a small gamma, read a lower acceptance there and keep gamma small)."""
 
     MIN_SPREAD = 2.0
     """Drafts by which the passes' widths must spread (standard deviation) before the verify
     line gets an offset of its own: a line through passes of nearly one width is noise."""
-
-    PRIOR_PASSES = 4.0
-    """Pseudo-passes at the pooled rejection rate behind each draft index's own rate: one
-    rejection among the few passes that reached an index (at 8K, draft 5 of 3 passes) would
-    otherwise read as a rate near 1/3 there, and gamma would stay below it for the rest of the
-    call, as no later pass reaches that index to correct it."""
 
     def __init__(self, gamma_max: int, lookup_tokens: int = 0) -> None:
         self.plain_step: float | None = None
@@ -59,9 +93,7 @@ class PassCosts:
         self._bare_seconds, self._bare_passes = 0.0, 0  # draft seconds, forwards without copies
         self._drafted_sq, self._cross = 0.0, 0.0  # sums of k^2 and k y (`verify_line`)
         self._emitted = 0  # tokens the drafting passes emitted
-        size = gamma_max + lookup_tokens  # the most drafts a pass holds
-        self._reached = [0.0] * size  # decayed passes that reached draft j
-        self._rejected = [0.0] * size  # decayed passes that rejected draft j
+        self._curve = RunCurve(gamma_max + lookup_tokens)  # the most drafts a pass holds
 
     def record(
         self,
@@ -97,12 +129,7 @@ class PassCosts:
     def learn(self, drafted: int, accepted: int, copied: int = 0) -> None:
         """The acceptance curve and the copies per pick learn a drafting pass's verdict:
         `drafted` drafts (`copied` of them copies), the first `accepted` kept."""
-        rejected = int(accepted < drafted)
-        fade = self.DECAY ** (accepted + rejected)
-        self._reached = [fade * r + (j < accepted + rejected) for j, r in enumerate(self._reached)]
-        self._rejected = [
-            fade * r + (j == accepted < drafted) for j, r in enumerate(self._rejected)
-        ]
+        fade = self._curve.learn(drafted, accepted)
         self._recent_copies = fade * self._recent_copies + copied
         self._recent_picks = fade * self._recent_picks + drafted - copied
 
@@ -115,17 +142,10 @@ class PassCosts:
 
     def expected_tokens(self, drafts: float) -> float:
         """Tokens a pass of `drafts` drafts is expected to emit: 1 + the sum over j < drafts
-        of the chance that drafts 0..j are all kept (a fraction of a draft counts its
-        share). Draft j is rejected at rate (rejections at j + w h) / (passes reaching j + w):
-        w = `PRIOR_PASSES` pseudo-passes at the pooled rate h = (all rejections + 1/2) / (all
-        verdicts + 1), which is what an index never reached gets."""
-        pooled = (sum(self._rejected) + 0.5) / (sum(self._reached) + 1)
-        w = self.PRIOR_PASSES
-        tokens, kept = 1.0, 1.0
-        for j in range(min(math.ceil(drafts), len(self._reached))):
-            kept *= 1 - (self._rejected[j] + w * pooled) / (self._reached[j] + w)
-            tokens += kept * min(1.0, drafts - j)
-        return tokens
+        of the chance that drafts 0..j are all kept (`RunCurve.kept_chances`; a fraction of a
+        draft counts its share)."""
+        chances = self._curve.kept_chances(math.ceil(drafts))
+        return 1.0 + sum(kept * min(1.0, drafts - j) for j, kept in enumerate(chances))
 
     def verify_line(self) -> tuple[float, float]:
         """(v, s) seconds: a verify pass of k drafts is expected to take the plain step + v +
@@ -321,14 +341,15 @@ class Line(Protocol):
 class PassLine:
     """Seconds of a packed forward pass as a line in the tokens it reads, t(T) = a + b T: the
     least-squares line through recent passes, each weighing `DECAY` times less per later pass.
-    Flat (b = 0, the mean) while the passes' widths spread by less than `PassCosts.MIN_SPREAD`
-    tokens or the slope is negative (noise about a flat cost); through 0 (a = 0) when the
-    offset is negative (a pass that grows faster than linearly)."""
+    Flat (b = 0, the mean) while the passes' widths spread by less than `min_spread` tokens
+    (standard deviation) or the slope is negative (noise about a flat cost); through 0 (a = 0)
+    when the offset is negative (a pass that grows faster than linearly)."""
 
     DECAY = 0.97
     """About the last 33 passes count: the calls' KV lengths, and so the costs, move."""
 
-    def __init__(self) -> None:
+    def __init__(self, min_spread: float = PassCosts.MIN_SPREAD) -> None:
+        self._min_spread = min_spread
         # Decayed sums of 1, T, T^2, seconds and T seconds.
         self._n, self._t, self._tt, self._y, self._ty = 0.0, 0.0, 0.0, 0.0, 0.0
 
@@ -348,11 +369,57 @@ class PassLine:
             return 0.0
         t, y = self._t / self._n, self._y / self._n
         spread = self._tt / self._n - t**2
-        slope = (self._ty / self._n - t * y) / spread if spread >= PassCosts.MIN_SPREAD**2 else 0.0
+        slope = (self._ty / self._n - t * y) / spread if spread >= self._min_spread**2 else 0.0
         if slope <= 0:
             return y
         offset = y - slope * t
         return offset + slope * tokens if offset >= 0 else y / t * tokens
+
+
+class CopyPrices:
+    """How many of a lookup's copies a draft forward pass reads (docs/algorithm.md section
+    2.10). A copy the draft keeps saves the forward pass that would have picked it; every copy
+    read, kept or not, adds its share to the pass that reads it. So copy j is offered while
+    the chance that copies 0..j are all kept, times the seconds of a one-token draft pass, is
+    at least the seconds a token adds to a pass: the chances from a `RunCurve` over recent
+    lookups (each a run cut at its first copy not kept), the seconds from a `PassLine` through
+    the draft's forward passes (seconds against tokens read).
+
+    Every copy is offered while the line is flat (before passes of widths `MIN_SPREAD` apart)
+    and where passes are not priced (`priced` False: off the CPU, where a pass's seconds are its
+    launch's until the next sync, and for a seeded sampled call, whose draws must repeat and
+    would follow the wall time through the copies read). A lookup not offered is still learned from: the draft's own
+    pick at its first copy's position is that copy with the chance the draft would have kept
+    it (greedy: iff it is the argmax; sampled: q(copy)), which the proposer reports as a run
+    of one (`ModelProposer.commit`), so a lookup that starts paying is offered again.
+    """
+
+    MIN_SPREAD = 0.5
+    """Tokens by which the draft passes' widths must spread (standard deviation) before the
+    line has a slope: most draft passes read one or two tokens, so one vetting pass of 11
+    among 33 narrow ones spreads them by 1.7, below the verify line's 2, which left every copy
+    offered again as soon as the last vetting pass faded (measured on the tiny model)."""
+
+    def __init__(self, most: int, priced: bool) -> None:
+        self._curve = RunCurve(most)
+        self._line = PassLine(self.MIN_SPREAD)
+        self._priced = priced
+
+    def timed(self, tokens: int, seconds: float) -> None:
+        """A draft forward pass read `tokens` tokens in `seconds`."""
+        self._line.record(tokens, seconds)
+
+    def learn(self, offered: int, kept: int) -> None:
+        """A lookup's `offered` copies, of which the draft kept the first `kept`."""
+        self._curve.learn(offered, kept)
+
+    def worth(self, room: int) -> int:
+        """How many of up to `room` copies to offer."""
+        forward = self._line.seconds(1)
+        per_token = self._line.seconds(2) - forward
+        if not self._priced or per_token <= 0:
+            return room
+        return sum(chance * forward >= per_token for chance in self._curve.kept_chances(room))
 
 
 class BatchCosts:

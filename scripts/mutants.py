@@ -41,6 +41,7 @@ BATCH = "tests/test_batch.py"
 SHARED = "tests/test_shared_prefix.py"
 EXACT = "tests/test_engine_exact.py"
 COMPILED = "tests/test_compiled.py"
+COPIES = "tests/test_copy_prices.py"
 _SAMPLED_ROW = "dist = residual(p[n], ph[n], q[n], cfg.residual) if n < gamma else ph[gamma]"
 _ACCEPT = (
     "n = accepted_count(x, ph[:gamma].gather(1, idx)[:, 0], q[:gamma].gather(1, idx)[:, 0], u)"
@@ -366,6 +367,38 @@ MUTANTS: tuple[Mutant, ...] = (
         "return x.numel() <= HALF_ROWS * self.in_features",
         "return x.numel() < self.in_features",
         ("tests/test_weight_only.py",),
+    ),
+    Mutant(
+        "copies-priced-without-their-chance",
+        "a copy is read wherever a token costs less than a pass, kept or not",
+        "rapid_integrations/schedule.py",
+        "return sum(chance * forward >= per_token for chance in self._curve.kept_chances(room))",
+        "return sum(forward >= per_token for chance in self._curve.kept_chances(room))",
+        (COPIES,),
+    ),
+    Mutant(
+        "unread-lookup-learned-backwards",
+        "a lookup not read is learned as kept where the draft's pick differs from the copy",
+        "rapid_integrations/drafting.py",
+        "self._prices.learn(1, int(draft == copy))",
+        "self._prices.learn(1, int(draft != copy))",
+        (COPIES,),
+    ),
+    Mutant(
+        "seeded-sampled-calls-priced",
+        "a seeded sampled call reads the copies the wall time prices: its draws do not repeat",
+        "rapid_integrations/drafting.py",
+        "priced = config.greedy or config.seed is None",
+        "priced = True",
+        (COPIES,),
+    ),
+    Mutant(
+        "copy-line-as-wide-as-the-verify-line",
+        "the draft's pass line needs widths 2 tokens apart: every copy read again and again",
+        "rapid_integrations/schedule.py",
+        "self._line = PassLine(self.MIN_SPREAD)",
+        "self._line = PassLine()",
+        (COPIES,),
     ),
 )
 
