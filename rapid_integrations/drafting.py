@@ -187,8 +187,9 @@ class ModelProposer:
         it, so it follows q too."""
         room = min(limit - len(xs), self._cfg.lookup_tokens - self.copies)
         offer = self._prices.worth(room)
-        wanted = max(offer, 1) if find and room > 0 else 0
-        found = find(torch.cat(xs).tolist() if xs else [], wanted) if wanted else []
+        found: list[int] = []
+        if find and room > 0:  # one copy at least: what the draft's pick is learned against
+            found = find(torch.cat(xs).tolist() if xs else [], max(offer, 1))
         if found and not offer:
             self._unoffered.append((len(xs), found[0]))
         copies = torch.tensor(found[:offer], dtype=torch.long, device=tail.device)
