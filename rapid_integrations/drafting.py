@@ -20,10 +20,13 @@ model vet them as it drafts.
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
+from transformers import PreTrainedModel
 
 from .config import RapidConfig
 from .constraints import Constraints
@@ -92,6 +95,7 @@ class ModelProposer:
         generator: torch.Generator,
         constraints: Constraints | None = None,
         end_ids: frozenset[int] = frozenset(),
+        token_price: float | None = None,
     ) -> None:
         self.state = state
         self._constraints = constraints
@@ -111,13 +115,12 @@ class ModelProposer:
         self._fed = 0  # how many of its tokens the draft has read (x_k only if reads_ahead)
         self.copied_at: list[int] = []  # which drafts of the last proposal were copies
         self._copies_offered, self._copies_drafted, self._copies_accepted = 0, 0, 0  # per call
-        # Priced where no output is promised under one set of offers: a greedy call's is the
-        # same whatever the draft reads, an unseeded sampled call's draws were never
-        # repeatable; a seeded one's are, and which copies are read consumes its draws.
+        # Priced (`token_price`: `token_price` of the draft, None off the CPU) where no output
+        # is promised under one set of copies read: a greedy call's is the same whatever the
+        # draft reads, an unseeded sampled call's draws were never repeatable; a seeded one's
+        # are, on any engine, and the copies read consume its draws.
         priced = config.greedy or config.seed is None
-        self._prices = CopyPrices(
-            config.lookup_tokens, priced and state.pending.device.type == "cpu"
-        )
+        self._prices = CopyPrices(config.lookup_tokens, token_price if priced else None)
         # (position, copy) of the last proposal's lookups not offered, for `_prices`
         self._unoffered: list[tuple[int, int]] = []
 
@@ -194,10 +197,7 @@ class ModelProposer:
             self._unoffered.append((len(xs), found[0]))
         copies = torch.tensor(found[:offer], dtype=torch.long, device=tail.device)
         k = copies.numel()
-        before = self.state.forward_seconds
-        logits = yield self._feed(torch.cat([tail, copies]))  # [pending + t + k, V]
-        self._prices.timed(logits.shape[0], self.state.forward_seconds - before)
-        rows = logits[-(k + 1) :]
+        rows = (yield self._feed(torch.cat([tail, copies])))[-(k + 1) :]  # [k + 1, V] logits
         if not k:
             return rows[0], None
         q = self._q(rows[:k]) if self._need_q else None  # [k, V]
@@ -323,6 +323,44 @@ class ModelProposer:
         if self._constraints is not None:
             self._constraints.settle(0, tokens)
         self.state.append(tokens)
+
+
+PRICE_CONTEXT = 64
+"""Tokens the draft has read when its token price is measured (`token_price`): a retrieved
+C^S is short, and what a token adds to a pass changes little with it."""
+PRICE_WIDTH = 9
+"""The wide pass's tokens: one pick and the most copies of a typical vetting pass."""
+
+
+def token_price(
+    model: PreTrainedModel, vocab: int, decode: Callable[..., Any] | None
+) -> float | None:
+    """The draft's token price (docs/algorithm.md section 2.10): what a token adds to a
+    forward pass, over a one-token pass's seconds, (t_w - t_1) / ((w - 1) t_1) for w =
+    `PRICE_WIDTH`, each t the median of three passes (after one untimed) over `PRICE_CONTEXT`
+    tokens, through `decode` (the compiled passes, or None for the model). None off the CPU,
+    where a pass's seconds are its launch's until the next sync."""
+    if model.device.type != "cpu":
+        return None
+    ids = [i % vocab for i in range(PRICE_CONTEXT + PRICE_WIDTH)]
+    tokens = torch.tensor(ids[PRICE_CONTEXT:], dtype=torch.long)
+    with torch.inference_mode():
+        state = KVState.start(
+            model, ids[:PRICE_CONTEXT], vocab, PRICE_CONTEXT, len(ids), decode=decode
+        )
+        state.feed()  # the pending token: the context is read
+
+        def median(width: int) -> float:
+            seconds = []
+            for _ in range(4):
+                start = time.perf_counter()
+                state.feed(tokens[:width])
+                seconds.append(time.perf_counter() - start)
+                state.rollback(width)
+            return statistics.median(seconds[1:])
+
+        one, wide = median(1), median(PRICE_WIDTH)
+    return max(0.0, (wide - one) / ((PRICE_WIDTH - 1) * one))
 
 
 def needs_q(config: RapidConfig) -> bool:

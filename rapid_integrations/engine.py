@@ -28,7 +28,7 @@ from .call_options import ENGINE_RETRIEVER, CallOptions
 from .compiled import compile_decode
 from .config import DRAFT_PRECISIONS, TARGET_PRECISIONS, Mode, RapidConfig, check_choice
 from .constraints import Constraints
-from .drafting import LookupFirst, LookupProposer, ModelProposer, Proposer
+from .drafting import LookupFirst, LookupProposer, ModelProposer, Proposer, token_price
 from .errors import (
     ContextWindowExceededError,
     DeviceOutOfMemoryError,
@@ -335,6 +335,9 @@ class RapidEngine:
         )
         # The draft's decode passes compiled (compiled.py), their graphs built now; None: eager.
         self.draft_decode = compile_decode(self.draft, self.vocab_size) if compile_draft else None
+        # What a token adds to a draft pass (docs/algorithm.md section 2.10), measured once so
+        # that every call on this engine reads the same copies for the same text.
+        self.draft_token_price = token_price(self.draft, self.vocab_size, self.draft_decode)
         self.retriever = retriever
         self.prefix_cache = PrefixCache()
         self.schedules = ScheduleMemory()
@@ -587,7 +590,7 @@ class RapidEngine:
         draft = yield from self._start(self.draft, plan.draft_ids, limit, cfg, draft=True)
         stats.draft_cached_prefix_tokens = draft.reused_tokens
         shaping = self._constraints(plan, self.draft, "the draft model")
-        model = ModelProposer(draft, cfg, draft_gen, shaping, eos)
+        model = ModelProposer(draft, cfg, draft_gen, shaping, eos, self.draft_token_price)
         # The lookup's copies bypass the draft's constraints (its matcher and history
         # would fall behind), so it drafts only for calls with nothing to shape.
         if cfg.lookup_ngram and shaping is None:

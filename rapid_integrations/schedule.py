@@ -341,15 +341,14 @@ class Line(Protocol):
 class PassLine:
     """Seconds of a packed forward pass as a line in the tokens it reads, t(T) = a + b T: the
     least-squares line through recent passes, each weighing `DECAY` times less per later pass.
-    Flat (b = 0, the mean) while the passes' widths spread by less than `min_spread` tokens
-    (standard deviation) or the slope is negative (noise about a flat cost); through 0 (a = 0)
-    when the offset is negative (a pass that grows faster than linearly)."""
+    Flat (b = 0, the mean) while the passes' widths spread by less than `PassCosts.MIN_SPREAD`
+    tokens or the slope is negative (noise about a flat cost); through 0 (a = 0) when the
+    offset is negative (a pass that grows faster than linearly)."""
 
     DECAY = 0.97
     """About the last 33 passes count: the calls' KV lengths, and so the costs, move."""
 
-    def __init__(self, min_spread: float = PassCosts.MIN_SPREAD) -> None:
-        self._min_spread = min_spread
+    def __init__(self) -> None:
         # Decayed sums of 1, T, T^2, seconds and T seconds.
         self._n, self._t, self._tt, self._y, self._ty = 0.0, 0.0, 0.0, 0.0, 0.0
 
@@ -369,7 +368,7 @@ class PassLine:
             return 0.0
         t, y = self._t / self._n, self._y / self._n
         spread = self._tt / self._n - t**2
-        slope = (self._ty / self._n - t * y) / spread if spread >= self._min_spread**2 else 0.0
+        slope = (self._ty / self._n - t * y) / spread if spread >= PassCosts.MIN_SPREAD**2 else 0.0
         if slope <= 0:
             return y
         offset = y - slope * t
@@ -379,47 +378,38 @@ class PassLine:
 class CopyPrices:
     """How many of a lookup's copies a draft forward pass reads (docs/algorithm.md section
     2.10). A copy the draft keeps saves the forward pass that would have picked it; every copy
-    read, kept or not, adds its share to the pass that reads it. So copy j is offered while
-    the chance that copies 0..j are all kept, times the seconds of a one-token draft pass, is
-    at least the seconds a token adds to a pass: the chances from a `RunCurve` over recent
-    lookups (each a run cut at its first copy not kept), the seconds from a `PassLine` through
-    the draft's forward passes (seconds against tokens read).
+    read, kept or not, adds its share to the pass that reads it. So copy j is read while the
+    chance that copies 0..j are all kept is at least the draft's token price `price` (what a
+    token adds to a pass over a one-token pass's seconds, measured once per engine:
+    `drafting.token_price`); the chances from a `RunCurve` over recent lookups (each a run cut
+    at its first copy not kept). Every copy is read at a price below `FREE`, or unpriced
+    (None: off the CPU, and for a seeded sampled call, `ModelProposer`).
 
-    Every copy is offered while the line is flat (before passes of widths `MIN_SPREAD` apart)
-    and where passes are not priced (`priced` False: off the CPU, where a pass's seconds are its
-    launch's until the next sync, and for a seeded sampled call, whose draws must repeat and
-    would follow the wall time through the copies read). A lookup not offered is still learned from: the draft's own
-    pick at its first copy's position is that copy with the chance the draft would have kept
-    it (greedy: iff it is the argmax; sampled: q(copy)), which the proposer reports as a run
-    of one (`ModelProposer.commit`), so a lookup that starts paying is offered again.
+    A lookup not read is still learned from: the draft's own pick at its first copy's
+    position is that copy with the chance the draft would have kept it (greedy: iff it is the
+    argmax; sampled: q(copy)), which the proposer reports as a run of one
+    (`ModelProposer.commit`), so a lookup that starts paying is read again.
     """
 
-    MIN_SPREAD = 0.5
-    """Tokens by which the draft passes' widths must spread (standard deviation) before the
-    line has a slope: most draft passes read one or two tokens, so one vetting pass of 11
-    among 33 narrow ones spreads them by 1.7, below the verify line's 2, which left every copy
-    offered again as soon as the last vetting pass faded (measured on the tiny model)."""
+    FREE = 0.05
+    """A token price below which every copy is read: ten copies then cost under half a pass,
+    and a price near some copy's chance could read that copy on one engine and not on another
+    (the tiny test models' prices measured 0.016-0.027; SmolLM2-135M's int4 draft with native
+    bf16 0.10-0.13, its bf16-weight draft on AVX2 0.34)."""
 
-    def __init__(self, most: int, priced: bool) -> None:
+    def __init__(self, most: int, price: float | None) -> None:
         self._curve = RunCurve(most)
-        self._line = PassLine(self.MIN_SPREAD)
-        self._priced = priced
-
-    def timed(self, tokens: int, seconds: float) -> None:
-        """A draft forward pass read `tokens` tokens in `seconds`."""
-        self._line.record(tokens, seconds)
+        self._price = price
 
     def learn(self, offered: int, kept: int) -> None:
         """A lookup's `offered` copies, of which the draft kept the first `kept`."""
         self._curve.learn(offered, kept)
 
     def worth(self, room: int) -> int:
-        """How many of up to `room` copies to offer."""
-        forward = self._line.seconds(1)
-        per_token = self._line.seconds(2) - forward
-        if not self._priced or per_token <= 0:
+        """How many of up to `room` copies to read."""
+        if self._price is None or self._price < self.FREE:
             return room
-        return sum(chance * forward >= per_token for chance in self._curve.kept_chances(room))
+        return sum(chance >= self._price for chance in self._curve.kept_chances(room))
 
 
 class BatchCosts:

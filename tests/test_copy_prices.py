@@ -1,6 +1,7 @@
 """Which of the lookup's copies the draft reads (docs/algorithm.md section 2.10): a copy is
-offered while the chance it is kept, with every copy before it, pays for the seconds it adds
-to the draft's forward pass; a lookup not offered is learned from the draft's own pick."""
+read while the chance it is kept, with every copy before it, reaches the draft's token price
+(what a token adds to a forward pass, measured once per engine); a lookup not read is learned
+from the draft's own pick."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from rapid_integrations import RapidConfig, RapidEngine
+from rapid_integrations.drafting import token_price
 from rapid_integrations.kv import direct
 from rapid_integrations.schedule import CopyPrices, RunCurve
 from tests.test_engine_adaptive import (
@@ -36,45 +38,34 @@ def test_the_run_curve_is_the_law_written_out_by_hand():
     assert curve.kept_chances(4) == pytest.approx(chances[:4].tolist())
 
 
-def priced(pass_ms: dict[int, float], runs: list[tuple[int, int]]) -> CopyPrices:
-    """Prices after draft passes of each width (tokens: ms, three of each) and `runs`."""
-    prices = CopyPrices(10, priced=True)
-    for _ in range(3):
-        for tokens, ms in pass_ms.items():
-            prices.timed(tokens, ms / 1000)
+def priced(price: float | None, runs: list[tuple[int, int]]) -> CopyPrices:
+    """Prices at the draft's token `price` after the lookups `runs`."""
+    prices = CopyPrices(10, price)
     for offered, kept in runs:
         prices.learn(offered, kept)
     return prices
 
 
-@pytest.mark.parametrize("per_token_ms", [1.0, 5.0, 12.0])
-def test_a_copy_is_offered_while_its_chance_pays_for_the_token_it_adds(per_token_ms):
-    """A one-token pass takes 20 ms and each token more `per_token_ms`: copy j is worth
-    offering while the chance that copies 0..j are all kept (the curve by hand) times 20 ms
-    is at least `per_token_ms`."""
-    prices = priced({1: 20.0, 11: 20.0 + 10 * per_token_ms}, RUNS)
+@pytest.mark.parametrize(("price", "read"), [(0.06, 10), (0.25, 8), (0.6, 3)])
+def test_a_copy_is_read_while_its_chance_reaches_the_token_price(price, read):
+    """Copy j is worth reading while the chance that copies 0..j are all kept (the curve by
+    hand) is at least the price: three prices, three counts."""
     chances, _ = curve_by_hand([(offered, 0, kept) for offered, kept in RUNS], 10)
-    want = int((chances * 20.0 >= per_token_ms).sum())
-    assert prices.worth(10) == want
-    assert prices.worth(3) == min(3, want)
-    assert {1.0: 10, 5.0: 8, 12.0: 3}[per_token_ms] == want  # the three regimes differ
+    assert int((chances >= price).sum()) == read
+    assert priced(price, RUNS).worth(10) == read
+    assert priced(price, RUNS).worth(3) == min(3, read)
 
 
-def test_every_copy_is_offered_unpriced_or_before_the_line_has_a_slope():
+def test_every_copy_is_read_unpriced_or_below_the_free_price():
     lossy = [(10, 0)] * 20  # no copy ever kept
-    assert priced({1: 20.0, 11: 120.0}, lossy).worth(7) == 0
-    unpriced = CopyPrices(10, priced=False)
-    unpriced.timed(1, 0.020)
-    unpriced.timed(11, 0.120)
-    unpriced.learn(10, 0)
-    assert unpriced.worth(7) == 7
-    assert priced({1: 20.0}, lossy).worth(7) == 7  # one width: no slope yet
-    assert priced({}, lossy).worth(7) == 7  # no pass at all
+    assert priced(CopyPrices.FREE * 1.2, lossy).worth(7) == 0
+    assert priced(CopyPrices.FREE * 0.8, lossy).worth(7) == 7
+    assert priced(None, lossy).worth(7) == 7
 
 
-def test_copies_that_cost_a_whole_pass_each_are_never_offered():
-    """Seconds in proportion to the tokens read: a copy costs what it could save."""
-    assert priced({1: 10.0, 11: 110.0}, [(10, 10)] * 20).worth(10) == 0
+def test_copies_priced_at_a_whole_pass_are_never_read():
+    """A token that costs a whole pass costs what a kept copy could save."""
+    assert priced(1.0, [(10, 10)] * 20).worth(10) == 0
 
 
 def test_a_lookup_not_offered_is_learned_from_the_draft_own_pick(draft, tok, monkeypatch):
@@ -108,41 +99,61 @@ def slowed_per_token(model: torch.nn.Module, ms: float, flat_ms: float, monkeypa
     monkeypatch.setattr(model, "forward", slow)
 
 
-@pytest.mark.slow
-def test_a_draft_whose_pass_grows_with_its_tokens_reads_fewer_copies(tok, target, monkeypatch):
-    """The target's own copy drafts, on prompts whose pieces repeat: where a token costs as
-    much as a pass, the draft reads and keeps far fewer of the copies the lookup finds than
-    where a pass costs the same at any width (measured: 114 against 380 read, 2 against 28
-    kept; it still reads some before its passes differ in width); the output is the target's
-    greedy decoding either way."""
+@pytest.mark.parametrize(
+    ("ms", "flat_ms", "low", "high"), [(10.0, 0.0, 0.8, 1.0), (0.0, 10.0, 0.0, 0.01)]
+)
+def test_the_token_price_is_what_a_token_adds_over_a_one_token_pass(
+    draft, tok, ms, flat_ms, low, high, monkeypatch
+):
+    """A pass slowed by `ms` per token and `flat_ms` a pass (the tiny model's own time, about
+    a millisecond, on top): the price is (t_9 - t_1) / (8 t_1), about ms / (flat_ms + ms + 1)."""
+    slowed_per_token(draft, ms, flat_ms, monkeypatch)
+    price = token_price(draft, len(tok), None)
+    assert price is not None and low <= price <= high
+
+
+def engine_priced_at(target, tok, ms: float, flat_ms: float, config, monkeypatch) -> RapidEngine:
+    """An engine whose draft, the target's own copy, was slowed while the engine measured its
+    token price (and runs at full speed after)."""
     draft = copy.deepcopy(target)
-    engine = RapidEngine(target, draft, tokenizer=tok, config=RapidConfig(eta=0.0))
+    with monkeypatch.context() as patch:
+        slowed_per_token(draft, ms, flat_ms, patch)
+        return RapidEngine(target, draft, tokenizer=tok, config=config)
+
+
+def test_a_draft_priced_per_token_reads_fewer_copies(tok, target, monkeypatch):
+    """On prompts whose pieces repeat, a draft whose token costs about a pass (price 0.9)
+    reads and keeps far fewer of the copies the lookup finds than one priced below `FREE`,
+    which reads them all (measured: none, against 909 read and 31 kept); the output is the target's greedy decoding either way, and two
+    calls on one engine read the same copies (the price is the engine's)."""
     read, kept = {}, {}
     for name, ms, flat_ms in [("flat", 0.0, 10.0), ("per token", 10.0, 0.0)]:
+        engine = engine_priced_at(target, tok, ms, flat_ms, RapidConfig(eta=0.0), monkeypatch)
         read[name] = kept[name] = 0
-        with monkeypatch.context() as patch:
-            slowed_per_token(draft, ms, flat_ms, patch)
-            for prompt, draft_prompt in repetitive_prompts(4, seed=3):
-                out = engine.generate(prompt, draft_prompt, max_new_tokens=40, ignore_eos=True)
-                assert greedy_mismatches(target, tok.encode(prompt), out.token_ids, len(tok)) == []
-                read[name] += out.stats.lookup_offered_tokens
-                kept[name] += out.stats.lookup_drafted_tokens
-    assert read["flat"] > 2 * read["per token"] and kept["flat"] > 3 * kept["per token"]
+        for prompt, draft_prompt in repetitive_prompts(4, seed=3):
+            outs = [
+                engine.generate(prompt, draft_prompt, max_new_tokens=40, ignore_eos=True)
+                for _ in range(2)
+            ]
+            assert outs[0].stats.lookup_offered_tokens == outs[1].stats.lookup_offered_tokens
+            out = outs[0]
+            assert greedy_mismatches(target, tok.encode(prompt), out.token_ids, len(tok)) == []
+            read[name] += out.stats.lookup_offered_tokens
+            kept[name] += out.stats.lookup_drafted_tokens
+    assert read["flat"] > 3 * read["per token"] and kept["flat"] > 3 * kept["per token"]
 
 
-def test_a_seeded_sampled_call_repeats_whatever_its_passes_cost(tok, target, monkeypatch):
-    """Which copies are priced worth reading follows the wall time, and in a sampled call the
-    copies read consume draws: a seeded call reads every copy offered, so it repeats draw for
-    draw on a draft whose passes cost the same at any width and on one whose every token costs
-    a pass."""
-    draft = copy.deepcopy(target)
+def test_a_seeded_sampled_call_repeats_whatever_the_engine_token_price(tok, target, monkeypatch):
+    """Copies read consume a sampled call's draws, and the price is measured per engine: a
+    seeded call reads every copy offered, so it repeats draw for draw on an engine whose draft
+    was priced per token and on one priced per pass."""
     config = RapidConfig(eta=2.0, temperature=1.0, seed=7)
-    engine = RapidEngine(target, draft, tokenizer=tok, config=config)
     prompt, draft_prompt = repetitive_prompts(1, seed=3)[0]
-    outs = []
-    for ms, flat_ms in [(0.0, 10.0), (10.0, 0.0)]:
-        with monkeypatch.context() as patch:
-            slowed_per_token(draft, ms, flat_ms, patch)
-            outs.append(engine.generate(prompt, draft_prompt, max_new_tokens=40, ignore_eos=True))
+    outs = [
+        engine_priced_at(target, tok, ms, flat_ms, config, monkeypatch).generate(
+            prompt, draft_prompt, max_new_tokens=40, ignore_eos=True
+        )
+        for ms, flat_ms in [(0.0, 10.0), (10.0, 0.0)]
+    ]
     assert outs[0].token_ids == outs[1].token_ids
     assert outs[0].stats.lookup_offered_tokens == outs[1].stats.lookup_offered_tokens > 0

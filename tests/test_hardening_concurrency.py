@@ -3,10 +3,7 @@ one, and an abandoned generation frees its thread and its KV caches.
 
 One engine (and its prefix cache) serves every call. Calls mix modes, eta > 0 (so the draft's
 cache shapes the output: cross-talk between draft caches would change tokens, not just speed),
-seeded sampling, streams and failing calls; acceptance counts are compared too (the copies a
-draft reads follow the wall time, docs/algorithm.md section 2.10, but on these tiny models a
-token adds next to nothing to a pass, so every copy with a chance of being kept is read
-alone and under 8 threads alike; 8 runs of 8 passed). The existing
+seeded sampling, streams and failing calls; acceptance counts are compared too. The existing
 `test_prefix_cache.py` runs 4 threads on eta = 0 greedy, where only the target matters.
 """
 
