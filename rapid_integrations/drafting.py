@@ -15,7 +15,8 @@ Drafting and reading ahead are `kv.Forwards` generators: they yield each forward
 draft model as a `kv.Feed`, so one loop serves a sequence alone (`kv.direct`) and in a batch,
 whose draft passes run packed together (`batch.BatchRunner`).
 `ModelProposer` drafts with a model; `LookupProposer` offers copies; `LookupFirst` has the
-model vet them as it drafts.
+model vet them as it drafts, reading those its token price (`token_price`, measured once per
+engine) says pay (`schedule.CopyPrices`).
 """
 
 from __future__ import annotations
@@ -115,10 +116,10 @@ class ModelProposer:
         self._fed = 0  # how many of its tokens the draft has read (x_k only if reads_ahead)
         self.copied_at: list[int] = []  # which drafts of the last proposal were copies
         self._copies_offered, self._copies_drafted, self._copies_accepted = 0, 0, 0  # per call
-        # Priced (`token_price`: `token_price` of the draft, None off the CPU) where no output
-        # is promised under one set of copies read: a greedy call's is the same whatever the
-        # draft reads, an unseeded sampled call's draws were never repeatable; a seeded one's
-        # are, on any engine, and the copies read consume its draws.
+        # Copies are priced at the draft's `token_price` (None: off the CPU, every copy read)
+        # where no output is promised under one set of copies read: a greedy call's is the
+        # same whatever the draft reads, an unseeded sampled call's draws were never
+        # repeatable; a seeded one's are, on any engine, and the copies read consume draws.
         priced = config.greedy or config.seed is None
         self._prices = CopyPrices(config.lookup_tokens, token_price if priced else None)
         # (position, copy) of the last proposal's lookups not offered, for `_prices`

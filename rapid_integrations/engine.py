@@ -258,6 +258,10 @@ class RapidEngine:
     pass that it was not: `compiled.py`).
     Models that use SDPA are switched to `attention.rapid_attention`, the same math without
     copying the grouped-query KV cache on verify passes.
+    `engine.draft_token_price` is what a token adds to a draft forward pass, measured here
+    (`drafting.token_price`), by which the draft reads only the lookup's copies that pay
+    (docs/algorithm.md section 2.10); engines meant to run pass for pass alike (replicas
+    compared call by call) may be given one price by assignment.
     Every argument is checked before any weights load: bad values raise `RapidConfigError`.
     """
 

@@ -6,7 +6,8 @@ stop of `speculate_min_context="auto"`); `PassCosts` is what a call's own passes
 (seconds and the acceptance curve). `ScheduleMemory` (schedule_memory.py) carries a measured
 schedule from one call to the next. In a batch, `BatchCosts` caps every call's gamma from what
 the batch's packed passes measured (docs/algorithm.md section 14.2), through each call's
-`BatchSeat`.
+`BatchSeat`. `CopyPrices` says how many of the lookup's copies a draft pass reads (section
+2.10), from a `RunCurve` over recent lookups, the law of the acceptance curve.
 """
 
 from __future__ import annotations

@@ -47,10 +47,15 @@ def pairs():
     cfg = RapidConfig(eta=0.0, max_new_tokens=24, ignore_eos=True)
     built = {}
     for kind, draft in (("separate", small), ("self", None)):
-        built[kind] = tuple(
+        fast, eager = (
             RapidEngine(large, draft, tokenizer=tok, config=cfg, compile_draft=flag)
             for flag in (True, False)
         )
+        # Each engine measures its draft's token price (0.08-0.14 here, docs/algorithm.md
+        # section 2.10), and prices either side of a copy's chance read other copies: one price
+        # for both, so that their passes can be compared one for one.
+        fast.draft_token_price = eager.draft_token_price
+        built[kind] = (fast, eager)
     built["graphs"] = graphs()
     built["breaks"] = dict(torch._dynamo.utils.counters["graph_break"])
     return built
