@@ -144,7 +144,7 @@ class ModelProposer:
         the drafts so far and keeps a prefix of them as drafts (`_read`, docs/algorithm.md
         section 2.10): at most `lookup_tokens` copies a proposal, and `copied_at` says which.
         k <= max(gamma, room)."""
-        self.copied_at, self._unoffered = [], []
+        self.copied_at = []
         if gamma == 0 and find is None:
             self._x, self._fed = self._x[:0], 0
             return self._x, None
@@ -190,9 +190,9 @@ class ModelProposer:
         first copy it did not keep ([1]; None if none): the next pick comes from q without
         it, so it follows q too."""
         room = min(limit - len(xs), self._cfg.lookup_tokens - self.copies)
-        offer = self._prices.worth(room)
-        found: list[int] = []
+        offer, found = 0, []
         if find and room > 0:  # one copy at least: what the draft's pick is learned against
+            offer = self._prices.worth(room)
             found = find(torch.cat(xs).tolist() if xs else [], max(offer, 1))
         if found and not offer:
             self._unoffered.append((len(xs), found[0]))

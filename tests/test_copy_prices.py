@@ -6,7 +6,6 @@ from the draft's own pick."""
 from __future__ import annotations
 
 import copy
-import time
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from tests.test_engine_adaptive import (
     curve_by_hand,
     offering,
     repetitive_prompts,
+    slowed,
     vetting,
 )
 from tests.tiny import greedy_mismatches, reference_greedy
@@ -88,17 +88,6 @@ def test_a_lookup_not_offered_is_learned_from_the_draft_own_pick(draft, tok, mon
         assert learned == [(1, kept)]
 
 
-def slowed_per_token(model: torch.nn.Module, ms: float, flat_ms: float, monkeypatch) -> None:
-    """Every forward pass of `model` takes `flat_ms` plus `ms` per token it reads longer."""
-    forward = model.forward
-
-    def slow(*args, **kwargs):
-        time.sleep((flat_ms + ms * kwargs["input_ids"].shape[-1]) / 1000)
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(model, "forward", slow)
-
-
 @pytest.mark.parametrize(
     ("ms", "flat_ms", "low", "high"), [(10.0, 0.0, 0.8, 1.0), (0.0, 10.0, 0.0, 0.01)]
 )
@@ -107,7 +96,7 @@ def test_the_token_price_is_what_a_token_adds_over_a_one_token_pass(
 ):
     """A pass slowed by `ms` per token and `flat_ms` a pass (the tiny model's own time, about
     a millisecond, on top): the price is (t_9 - t_1) / (8 t_1), about ms / (flat_ms + ms + 1)."""
-    slowed_per_token(draft, ms, flat_ms, monkeypatch)
+    slowed(draft, flat_ms / 1000, monkeypatch, per_token=ms / 1000)
     price = token_price(draft, len(tok), None)
     assert price is not None and low <= price <= high
 
@@ -117,7 +106,7 @@ def engine_priced_at(target, tok, ms: float, flat_ms: float, config, monkeypatch
     token price (and runs at full speed after)."""
     draft = copy.deepcopy(target)
     with monkeypatch.context() as patch:
-        slowed_per_token(draft, ms, flat_ms, patch)
+        slowed(draft, flat_ms / 1000, patch, per_token=ms / 1000)
         return RapidEngine(target, draft, tokenizer=tok, config=config)
 
 

@@ -453,12 +453,15 @@ def test_a_copy_costs_what_it_adds_to_the_draft_pass_that_reads_it():
         assert costs.pass_seconds(g) == pytest.approx(want)
 
 
-def slowed(model: torch.nn.Module, seconds: float, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every forward pass of `model` takes `seconds` longer (restored after the test)."""
+def slowed(
+    model: torch.nn.Module, seconds: float, monkeypatch: pytest.MonkeyPatch, per_token: float = 0.0
+) -> None:
+    """Every forward pass of `model` takes `seconds` plus `per_token` seconds per token it
+    reads longer (restored after the test)."""
     forward = model.forward
 
     def slow(*args, **kwargs):
-        time.sleep(seconds)
+        time.sleep(seconds + per_token * kwargs["input_ids"].shape[-1])
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(model, "forward", slow)
