@@ -21,8 +21,6 @@ engine) says pay (`schedule.CopyPrices`).
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -31,7 +29,7 @@ from transformers import PreTrainedModel
 
 from .config import RapidConfig
 from .constraints import Constraints
-from .kv import Feed, Forwards, KVState
+from .kv import Feed, Forwards, KVState, pass_seconds
 from .sampling import check_finite, log_probs
 from .schedule import CopyPrices
 
@@ -343,24 +341,11 @@ def token_price(
     where a pass's seconds are its launch's until the next sync."""
     if model.device.type != "cpu":
         return None
-    ids = [i % vocab for i in range(PRICE_CONTEXT + PRICE_WIDTH)]
-    tokens = torch.tensor(ids[PRICE_CONTEXT:], dtype=torch.long)
-    with torch.inference_mode():
-        state = KVState.start(
-            model, ids[:PRICE_CONTEXT], vocab, PRICE_CONTEXT, len(ids), decode=decode
-        )
-        state.feed()  # the pending token: the context is read
-
-        def median(width: int) -> float:
-            seconds = []
-            for _ in range(4):
-                start = time.perf_counter()
-                state.feed(tokens[:width])
-                seconds.append(time.perf_counter() - start)
-                state.rollback(width)
-            return statistics.median(seconds[1:])
-
-        one, wide = median(1), median(PRICE_WIDTH)
+    ids = [i % vocab for i in range(PRICE_CONTEXT + 1)]  # the context, then the pending token
+    seconds = pass_seconds(
+        model, ids, vocab, (1, PRICE_WIDTH), chunk=PRICE_CONTEXT, warmup=1, decode=decode
+    )
+    one, wide = seconds[1], seconds[PRICE_WIDTH]
     return max(0.0, (wide - one) / ((PRICE_WIDTH - 1) * one))
 
 

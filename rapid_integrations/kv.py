@@ -5,8 +5,9 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import statistics
 import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -374,6 +375,58 @@ def held_bytes(states: Iterable[KVState]) -> int:
     return storage_bytes(
         t for s in states for layer in s._buffers() for pair in layer.parts() for t in pair
     )
+
+
+PASS_REPEATS = 3
+"""Passes timed per size by `pass_seconds`; the median is kept (robust to a burst of load)."""
+
+
+@torch.inference_mode()
+def pass_seconds(
+    model: PreTrainedModel,
+    ids: list[int],
+    vocab: int,
+    sizes: Sequence[int],
+    *,
+    chunk: int,
+    prefixes: PrefixCache | None = None,
+    max_prefix_bytes: int = 0,
+    repeats: int = PASS_REPEATS,
+    warmup: int = 0,
+    decode: Callable[..., Any] | None = None,
+) -> dict[int, float]:
+    """Median seconds of `repeats` forward passes reading k tokens after `ids`, each size's
+    first `warmup` passes untimed, for each k in `sizes` (run by `decode`, the draft's compiled
+    passes, where the engine has them).
+
+    The prompt's KV comes from `prefixes` when a previous call stored it (the bench runs the
+    methods first), else it is prefilled here. Each pass is rolled back before the next.
+    """
+    state = KVState.start(
+        model,
+        ids,
+        vocab,
+        chunk,
+        capacity=len(ids) + max(sizes),
+        prefixes=prefixes,
+        max_prefix_bytes=max_prefix_bytes,
+        decode=decode,
+    )
+    last = state.pending
+    filler = last.repeat(max(sizes))  # which tokens does not change a pass's cost
+    seconds: dict[int, float] = {}
+    for k in sizes:
+        times = []
+        for _ in range(warmup + repeats):
+            start = time.perf_counter()
+            state.feed(filler[: k - 1])
+            if last.device.type == "cuda":
+                torch.cuda.synchronize(last.device)
+            times.append(time.perf_counter() - start)
+            state.rollback(k)
+            state.pending = last
+        seconds[k] = statistics.median(times[warmup:])
+    return seconds
 
 
 @functools.cache

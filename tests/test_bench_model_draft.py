@@ -8,10 +8,10 @@ from rapid_integrations.bench.model_draft import (
     StepCosts,
     best_model_draft,
     expected_tokens,
-    pass_seconds,
     speedup,
 )
 from rapid_integrations.bench.models import tiny_pair
+from rapid_integrations.kv import pass_seconds
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
 
@@ -66,3 +66,19 @@ def test_pass_seconds_times_every_size_within_the_prompts_capacity():
     sizes = (1, 2, 9)
     seconds = pass_seconds(large, list(range(1, 101)), 300, sizes, chunk=32, repeats=3)
     assert set(seconds) == set(sizes) and all(s > 0 for s in seconds.values())
+
+
+def test_pass_seconds_runs_the_untimed_warmup_passes_before_the_timed_ones():
+    """`warmup` passes of each size run first and are left out of its median: a slow first
+    pass (a compiled graph's guard check) would otherwise weigh in it."""
+    _, large = tiny_pair(vocab_size=300, window=256)
+    widths: list[int] = []
+
+    def counted(input_ids, **kwargs):
+        widths.append(input_ids.shape[1])
+        return large(input_ids, **kwargs)
+
+    pass_seconds(
+        large, list(range(1, 40)), 300, (1, 9), chunk=32, repeats=3, warmup=1, decode=counted
+    )
+    assert widths == [1] * 4 + [9] * 4

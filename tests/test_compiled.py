@@ -13,11 +13,10 @@ from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
 
 from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine, compiled, generate_batch
 from rapid_integrations.attention import use_rapid_attention
-from rapid_integrations.bench.model_draft import pass_seconds
 from rapid_integrations.bench.models import tiny_pair
 from rapid_integrations.bench.probe import ForwardProbe
 from rapid_integrations.bench.runner import forward_modules
-from rapid_integrations.kv import KVState, cache_param
+from rapid_integrations.kv import KVState, cache_param, pass_seconds
 from tests.tiny import char_tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # compiles: ~20 s

@@ -12,7 +12,7 @@ target decode step per token without speculation:
     speedup(gamma) = target_step * E(gamma) / (gamma * draft_step + verify(gamma + 1)).
 
 The model-draft speedup is the best speedup over gamma in [0, max_gamma] (gamma = 0, the target alone, is
-1: the engine can always fall back to it). `measure_step_costs` times the passes with a few
+1: the engine can always fall back to it). `kv.pass_seconds` times the passes with a few
 forward passes at the run's own context length.
 
 It is not a ceiling (issue 29): RAPID passes it with lookup copies, which cost no draft step,
@@ -23,17 +23,7 @@ drafter can pass are in `bench/bounds.py` (docs/algorithm.md section 2.12).
 from __future__ import annotations
 
 import itertools
-import statistics
-import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-from transformers import PreTrainedModel
-
-from ..kv import KVState
-from ..prefix_cache import PrefixCache
 
 
 def expected_tokens(acceptance: float, gamma: int) -> float:
@@ -46,8 +36,6 @@ def expected_tokens(acceptance: float, gamma: int) -> float:
 
 VERIFY_TOKENS = (2, 5, 9, 17, 33)
 """Verify pass sizes timed (gamma + 1 for gamma 1, 4, 8, 16, 32)."""
-REPEATS = 3
-"""Passes timed per size; the median is kept (robust to a burst of load)."""
 
 
 @dataclass(frozen=True)
@@ -87,49 +75,3 @@ def best_model_draft(costs: StepCosts, acceptance: float, max_gamma: int = 32) -
     """(best speedup, the gamma that gives it) over gamma in [0, max_gamma]."""
     best = max(range(max_gamma + 1), key=lambda g: (speedup(costs, acceptance, g), -g))
     return speedup(costs, acceptance, best), best
-
-
-@torch.inference_mode()
-def pass_seconds(
-    model: PreTrainedModel,
-    ids: list[int],
-    vocab: int,
-    sizes: Sequence[int],
-    *,
-    chunk: int,
-    prefixes: PrefixCache | None = None,
-    max_prefix_bytes: int = 0,
-    repeats: int = REPEATS,
-    decode: Callable[..., Any] | None = None,
-) -> dict[int, float]:
-    """Median seconds of a forward pass reading k tokens after `ids`, for each k in `sizes`
-    (run by `decode`, the draft's compiled passes, where the engine has them).
-
-    The prompt's KV comes from `prefixes` when a previous call stored it (the bench runs the
-    methods first), else it is prefilled here. Each pass is rolled back before the next.
-    """
-    state = KVState.start(
-        model,
-        ids,
-        vocab,
-        chunk,
-        capacity=len(ids) + max(sizes),
-        prefixes=prefixes,
-        max_prefix_bytes=max_prefix_bytes,
-        decode=decode,
-    )
-    last = state.pending
-    filler = last.repeat(max(sizes))  # which tokens does not change a pass's cost
-    seconds: dict[int, float] = {}
-    for k in sizes:
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            state.feed(filler[: k - 1])
-            if last.device.type == "cuda":
-                torch.cuda.synchronize(last.device)
-            times.append(time.perf_counter() - start)
-            state.rollback(k)
-            state.pending = last
-        seconds[k] = statistics.median(times)
-    return seconds

@@ -35,6 +35,7 @@ from ..compiled import CompiledDecode
 from ..config import DRAFT_PRECISIONS, TARGET_PRECISIONS, RapidConfig, check_choice
 from ..engine import RapidEngine
 from ..errors import RapidConfigError
+from ..kv import pass_seconds
 from ..models import LoadOptions, ensure_default_model, load_model, resolve_dtype
 from ..prompts import prepare_draft_prompt
 from ..retrieval.base import ContextRetriever
@@ -56,7 +57,7 @@ from .methods import (
     model_name,
     warm_up,
 )
-from .model_draft import VERIFY_TOKENS, StepCosts, best_model_draft, pass_seconds
+from .model_draft import VERIFY_TOKENS, StepCosts, best_model_draft
 from .models import choose_dtype, load_rope_scaled, tiny_pair
 from .off_topic import OffTopicRetriever
 from .prefill import chunk_sizes_to_try, matmul_flops_per_second, prefill_rows
