@@ -113,8 +113,9 @@ def engine_priced_at(target, tok, ms: float, flat_ms: float, config, monkeypatch
 def test_a_draft_priced_per_token_reads_fewer_copies(tok, target, monkeypatch):
     """On prompts whose pieces repeat, a draft whose token costs about a pass (price 0.9)
     reads and keeps far fewer of the copies the lookup finds than one priced below `FREE`,
-    which reads them all (measured: none, against 909 read and 31 kept); the output is the target's greedy decoding either way, and two
-    calls on one engine read the same copies (the price is the engine's)."""
+    which reads them all (measured: none read, against 909 read and 31 kept); the output is
+    the target's greedy decoding either way, and two calls on one engine read the same
+    copies (the price is the engine's)."""
     read, kept = {}, {}
     for name, ms, flat_ms in [("flat", 0.0, 10.0), ("per token", 10.0, 0.0)]:
         engine = engine_priced_at(target, tok, ms, flat_ms, RapidConfig(eta=0.0), monkeypatch)
