@@ -1,0 +1,1 @@
+"""What the LangChain and LlamaIndex adapters and `rapid serve` share; framework-free."""

@@ -1,0 +1,1 @@
+"""What a call returns: outputs and stats, stream deltas, and log probabilities."""

@@ -1,0 +1,1 @@
+"""Structured output: grammars, tools, the reasoning and answer sections, and their masks."""
