@@ -4,7 +4,7 @@ Both classes adapt one `RapidEngine` call, `engine.stream(prompt, options=CallOp
 and differ only in how they wrap its text deltas (message chunks or generation chunks). Every
 decoding decision stays in the engine, and the engine's lazy build in `EngineHandle`; this
 module only maps LangChain's vocabulary onto them (the names both adapters share are in
-`rapid_integrations.adapter_params` and docs/migration.md).
+`rapid_integrations.adapters.params` and docs/migration.md).
 """
 
 from __future__ import annotations
@@ -23,20 +23,24 @@ from pydantic import (
 from typing_extensions import Self
 
 from rapid_integrations import RapidError
-from rapid_integrations.adapter_params import (
+from rapid_integrations.adapters.aio import (
+    aiter_in_thread as aiter_in_thread,  # for chat_models, llms
+)
+from rapid_integrations.adapters.handle import EngineHandle
+from rapid_integrations.adapters.params import (
     SAMPLING_FIELDS,
     deprecated,
     merge_overrides,
     retriever_identity,
     translate_generate_kwargs,
 )
-from rapid_integrations.aio import aiter_in_thread as aiter_in_thread  # for chat_models, llms
-from rapid_integrations.batcher import batched_stream
-from rapid_integrations.call_options import CallOptions
+from rapid_integrations.adapters.timeouts import (
+    RapidTimeoutError as RapidTimeoutError,  # re-exported
+)
+from rapid_integrations.adapters.timeouts import TimedRun
+from rapid_integrations.batching.batcher import batched_stream
 from rapid_integrations.config import FIELD_NAMES, Mode, check_mode
-from rapid_integrations.engine_handle import EngineHandle
-from rapid_integrations.timeouts import RapidTimeoutError as RapidTimeoutError  # re-exported
-from rapid_integrations.timeouts import TimedRun
+from rapid_integrations.engine.call_options import CallOptions
 
 from .retrievers import as_context_retriever
 

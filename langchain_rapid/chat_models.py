@@ -30,7 +30,7 @@ from langchain_core.runnables import Runnable
 from pydantic import BaseModel, ConfigDict
 
 from rapid_integrations import CallFragment, Delta, RapidConfigError, RapidInputError, RapidOutput
-from rapid_integrations.openai_logprobs import openai_chat_logprobs
+from rapid_integrations.output.openai_logprobs import openai_chat_logprobs
 
 from ._base import RapidParams, aiter_in_thread
 from .structured import (
@@ -107,8 +107,8 @@ class ChatRapid(RapidParams, BaseChatModel):
     ) -> int:
         """Tokens the target reads for `messages`: through the chat template, with the
         model's own tokenizer (no weights load before the first call)."""
+        from rapid_integrations.structured_output.tools import Tools, prepare_messages
         from rapid_integrations.tokens import render_chat
-        from rapid_integrations.tools import Tools, prepare_messages
 
         tokenizer = self._handle.tokenizer()
         specs = Tools.parse(openai_tools(tools)) if tools else None

@@ -14,9 +14,9 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from pydantic import ConfigDict
 
 from rapid_integrations import RapidOutput
-from rapid_integrations.adapter_params import has_chat_template, user_turn
-from rapid_integrations.openai_logprobs import openai_completion_logprobs
-from rapid_integrations.timeouts import TimedRun
+from rapid_integrations.adapters.params import has_chat_template, user_turn
+from rapid_integrations.adapters.timeouts import TimedRun
+from rapid_integrations.output.openai_logprobs import openai_completion_logprobs
 
 from ._base import RapidParams, aiter_in_thread
 

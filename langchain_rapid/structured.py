@@ -93,7 +93,7 @@ def _grammar_answer(
 ) -> tuple[Runnable[Any, AIMessage], Runnable[Any, Any]]:
     """The answer's text constrained to the schema ("json_schema") or to any JSON object
     ("json_mode", where the prompt must ask for the keys, as with OpenAI's JSON mode)."""
-    from rapid_integrations.grammar import Grammar
+    from rapid_integrations.structured_output.grammar import Grammar
 
     grammar = (
         Grammar.json_schema(convert_to_json_schema(schema))

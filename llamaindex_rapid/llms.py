@@ -36,7 +36,9 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.prompts import PromptTemplate
 
 from rapid_integrations import RapidConfig, RapidConfigError, RapidInputError, RapidOutput
-from rapid_integrations.adapter_params import (
+from rapid_integrations.adapters.aio import aiter_in_thread
+from rapid_integrations.adapters.handle import EngineHandle
+from rapid_integrations.adapters.params import (
     config_overrides,
     deprecated,
     has_chat_template,
@@ -44,14 +46,12 @@ from rapid_integrations.adapter_params import (
     translate_generate_kwargs,
     user_turn,
 )
-from rapid_integrations.aio import aiter_in_thread
-from rapid_integrations.batcher import batched_stream
-from rapid_integrations.call_options import CALL_NAMES, CallOptions
+from rapid_integrations.adapters.timeouts import TimedRun
+from rapid_integrations.batching.batcher import batched_stream
 from rapid_integrations.config import FIELD_NAMES, Mode, check_mode
-from rapid_integrations.engine_handle import EngineHandle
-from rapid_integrations.openai_logprobs import openai_chat_logprobs, openai_token
-from rapid_integrations.outputs import Delta, TokenLogprob
-from rapid_integrations.timeouts import TimedRun
+from rapid_integrations.engine.call_options import CALL_NAMES, CallOptions
+from rapid_integrations.output.openai_logprobs import openai_chat_logprobs, openai_token
+from rapid_integrations.output.outputs import Delta, TokenLogprob
 
 from .messages import (
     StreamedCall,

@@ -27,7 +27,7 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.llms.utils import parse_partial_json
 
 from rapid_integrations import CallFragment, RapidInputError, ToolCall
-from rapid_integrations.tools import call_arguments
+from rapid_integrations.structured_output.tools import call_arguments
 
 # LlamaIndex roles with no chat-template counterpart, mapped to the nearest standard role.
 _ROLES = {

@@ -121,7 +121,7 @@ class StructuredByGrammar(LLM):
     ) -> tuple[list[ChatMessage], dict[str, Any]]:
         """The chat messages of one structured call (the prompt formatted, after the LLM's
         system prompt) and its chat() arguments, with the output class's schema as grammar."""
-        from rapid_integrations.grammar import Grammar
+        from rapid_integrations.structured_output.grammar import Grammar
 
         kwargs = dict(llm_kwargs or {})
         if "grammar" in kwargs:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .call_options import CallOptions
-from .config import RapidConfig
-from .errors import (
+from rapid_integrations.config import RapidConfig
+from rapid_integrations.engine.call_options import CallOptions
+from rapid_integrations.errors import (
     ContextWindowExceededError,
     DeviceOutOfMemoryError,
     GrammarError,
@@ -22,18 +22,24 @@ from .errors import (
     RetrievalError,
     VocabularyMismatchError,
 )
-from .outputs import CallFragment, Delta, RapidOutput, RapidStats, RapidStream
-from .quiet import install as _quiet_start
-from .tools import ToolCall
+from rapid_integrations.output.outputs import (
+    CallFragment,
+    Delta,
+    RapidOutput,
+    RapidStats,
+    RapidStream,
+)
+from rapid_integrations.quiet import install as _quiet_start
+from rapid_integrations.structured_output.tools import ToolCall
 
 _quiet_start()  # third-party warnings off stderr unless asked for (quiet.py)
 
 if TYPE_CHECKING:
-    from .batch import BatchRunner, generate_batch
-    from .engine import RapidEngine
-    from .grammar import Grammar
-    from .prompts import build_draft_prompt
-    from .retrieval import ContextRetriever, FaissContextRetriever
+    from rapid_integrations.batching.runner import BatchRunner, generate_batch
+    from rapid_integrations.engine.prompts import build_draft_prompt
+    from rapid_integrations.engine.rapid_engine import RapidEngine
+    from rapid_integrations.retrieval import ContextRetriever, FaissContextRetriever
+    from rapid_integrations.structured_output.grammar import Grammar
 
 __all__ = [
     "BatchRunner",
@@ -65,13 +71,13 @@ __all__ = [
 
 # Names whose modules pull in torch / transformers: imported on first use.
 _LAZY = {
-    "BatchRunner": "batch",
-    "generate_batch": "batch",
-    "RapidEngine": "engine",
-    "build_draft_prompt": "prompts",
+    "BatchRunner": "batching.runner",
+    "generate_batch": "batching.runner",
+    "RapidEngine": "engine.rapid_engine",
+    "build_draft_prompt": "engine.prompts",
     "ContextRetriever": "retrieval",
     "FaissContextRetriever": "retrieval",
-    "Grammar": "grammar",
+    "Grammar": "structured_output.grammar",
 }
 
 

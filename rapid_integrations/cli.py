@@ -28,17 +28,24 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .config import DRAFT_PRECISIONS, DTYPES, MODES, TARGET_PRECISIONS, TRUNCATIONS, RapidConfig
-from .demo_data import demo_messages
-from .errors import (
+from rapid_integrations.config import (
+    DRAFT_PRECISIONS,
+    DTYPES,
+    MODES,
+    TARGET_PRECISIONS,
+    TRUNCATIONS,
+    RapidConfig,
+)
+from rapid_integrations.demo_data import demo_messages
+from rapid_integrations.errors import (
     ContextWindowExceededError,
     ModelNotFoundError,
     RapidConfigError,
     RapidError,
     RapidInputError,
 )
-from .outputs import RapidOutput
-from .stats_format import format_stats
+from rapid_integrations.output.outputs import RapidOutput
+from rapid_integrations.output.stats_format import format_stats
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -52,7 +59,7 @@ PREFILL_BAR_MIN_TOKENS = 1024
 QUIT_WORDS = frozenset({"exit", "quit", ":q"})
 
 if TYPE_CHECKING:  # the engine imports torch: load it only when a command needs it
-    from .engine import RapidEngine
+    from rapid_integrations.engine.rapid_engine import RapidEngine
 
 
 class DocumentError(RapidInputError):
@@ -129,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmark quality and speed of every method")
     _bench_options(bench)
     bench.set_defaults(command="bench", run=run_bench_command)
-    from .serve import server  # imports no server library until it runs
+    from rapid_integrations.serve import server  # imports no server library until it runs
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (docs/serving.md)")
     server.add_arguments(serve)
@@ -367,9 +374,9 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_engine(args: argparse.Namespace) -> RapidEngine:
     """The engine the options describe: --model/--draft, else the embedded default."""
-    from .engine import RapidEngine
-    from .models import default_model_dir, ensure_default_model
-    from .quiet import loading_bars
+    from rapid_integrations.engine.rapid_engine import RapidEngine
+    from rapid_integrations.models.loading import default_model_dir, ensure_default_model
+    from rapid_integrations.quiet import loading_bars
 
     fields = config_overrides(args)
     if args.model:
@@ -499,7 +506,7 @@ def _json_result(args: argparse.Namespace, question: str, out: RapidOutput) -> d
 
 def run_bench_command(args: argparse.Namespace) -> int:
     """`rapid bench`: run the benchmark, write DIR/results.json, results.md and plots."""
-    from .bench.runner import BenchSettings, run_bench
+    from rapid_integrations.bench.runner import BenchSettings, run_bench
 
     broad_only = [f for f, v in (("--split", args.split), ("--texts", args.texts)) if v]
     if broad_only and args.suite != "broad":  # never ignored silently
@@ -538,20 +545,20 @@ def run_bench_command(args: argparse.Namespace) -> int:
         texts=args.texts,
     )
     if args.constrained:
-        from .bench.constrained import run_constrained_bench
+        from rapid_integrations.bench.constrained import run_constrained_bench
 
         out = run_constrained_bench(settings)
         print((out / "constrained.md").read_text())
         return EXIT_OK
     if args.logprobs:
-        from .bench.logprob_cost import LENGTHS, run_logprob_bench
+        from rapid_integrations.bench.logprob_cost import LENGTHS, run_logprob_bench
 
         out = run_logprob_bench(settings, args.lengths or LENGTHS)
         print((out / "logprobs.md").read_text())
         return EXIT_OK
     if args.contention:
-        from .bench.contention import LENGTHS as CONTENTION_LENGTHS
-        from .bench.contention import run_contention_bench
+        from rapid_integrations.bench.contention import LENGTHS as CONTENTION_LENGTHS
+        from rapid_integrations.bench.contention import run_contention_bench
 
         out = run_contention_bench(settings, args.lengths or CONTENTION_LENGTHS)
         print((out / "contention.md").read_text())

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from .errors import RapidConfigError
+from rapid_integrations.errors import RapidConfigError
 
 # Each list of choices is written once, here, as a Literal (for type hints and pydantic
 # fields); the tuples below are derived from it for checks, CLI choices and messages.

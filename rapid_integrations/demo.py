@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 
-from .config import DTYPES
-from .demo_data import ANSWER_KEYWORD, QUESTION, demo_document, demo_messages
-from .engine import RapidEngine
-from .outputs import RapidOutput
-from .stats_format import format_stats
+from rapid_integrations.config import DTYPES
+from rapid_integrations.demo_data import ANSWER_KEYWORD, QUESTION, demo_document, demo_messages
+from rapid_integrations.engine.rapid_engine import RapidEngine
+from rapid_integrations.output.outputs import RapidOutput
+from rapid_integrations.output.stats_format import format_stats
 
 
 def _report(label: str, out: RapidOutput) -> None:

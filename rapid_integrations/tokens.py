@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
-from .errors import RapidInputError
+from rapid_integrations.errors import RapidInputError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

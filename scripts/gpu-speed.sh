@@ -7,7 +7,7 @@
 #
 # Needs a Python with CUDA torch where this checkout is installed (`pip install -e .`, or the
 # checkout on PYTHONPATH with transformers, faiss-cpu and sentence-transformers present) and the
-# converted embedded model (run `python -m rapid_integrations.models` once, or copy
+# converted embedded model (run `python -m rapid_integrations.models.loading` once, or copy
 # ~/.cache/rapid-integrations/SmolLM2-135M-Instruct and point RAPID_MODEL_DIR at it).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -195,7 +195,7 @@ def documents(model: str | None, context: int, count: int) -> list[str]:
     from transformers import AutoTokenizer
 
     from rapid_integrations.demo_data import demo_document
-    from rapid_integrations.models import default_model_dir, ensure_default_model
+    from rapid_integrations.models.loading import default_model_dir, ensure_default_model
 
     if model is None:
         ensure_default_model(progress=False)
@@ -314,8 +314,8 @@ def stream_opener(setup: str, engine: Any) -> OpenStream:
     """How a setup starts a call: `engine.stream` alone, or through the shared batcher."""
     if setup in ("threads", "inprocess"):
         return lambda prompt, options: engine.stream(prompt, options=options)
-    from rapid_integrations.batch import BatchRunner
-    from rapid_integrations.batcher import batched_stream
+    from rapid_integrations.batching.batcher import batched_stream
+    from rapid_integrations.batching.runner import BatchRunner
 
     BatchRunner(engine)  # raises where the models cannot pack: no silent per-thread fallback
     return lambda prompt, options: batched_stream(engine, prompt, options)
@@ -323,7 +323,7 @@ def stream_opener(setup: str, engine: Any) -> OpenStream:
 
 def engine_request(open_stream: OpenStream, prompt: Any, options: dict[str, Any]) -> Sample:
     """One streamed call; its text arrivals and the engine's token count."""
-    from rapid_integrations.call_options import CallOptions
+    from rapid_integrations.engine.call_options import CallOptions
 
     call = CallOptions.of(options)
     sent = time.perf_counter()
@@ -395,7 +395,7 @@ def hf_model(args: argparse.Namespace, engine: Any) -> Any:
     (the engine's own model runs RAPID's attention, which continuous batching refuses)."""
     from transformers import AutoModelForCausalLM
 
-    from rapid_integrations.models import default_model_dir
+    from rapid_integrations.models.loading import default_model_dir
 
     path = args.model or str(default_model_dir())
     model = AutoModelForCausalLM.from_pretrained(

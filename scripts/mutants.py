@@ -52,7 +52,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "greedy-emits-argmax-p",
         "greedy, eta > 0: after a rejection emit argmax p instead of argmax p_hat",
-        "rapid_integrations/verify.py",
+        "rapid_integrations/sample/verify.py",
         "    return n, y[n : n + 1]",
         "    return n, z.argmax(-1)[n : n + 1]",
         (ORACLE,),
@@ -60,7 +60,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "accept-with-p",
         "acceptance computed with p instead of p_hat",
-        "rapid_integrations/verify.py",
+        "rapid_integrations/sample/verify.py",
         _ACCEPT,
         _ACCEPT.replace("ph[:gamma].gather", "p[:gamma].gather"),
         (ORACLE,),
@@ -68,7 +68,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "residual-row-0",
         "the residual taken from row 0 instead of the rejection row n",
-        "rapid_integrations/verify.py",
+        "rapid_integrations/sample/verify.py",
         _SAMPLED_ROW,
         _SAMPLED_ROW.replace("(p[n], ph[n], q[n]", "(p[0], ph[0], q[0]"),
         (ORACLE,),
@@ -76,7 +76,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "p-hat-from-q-row-0",
         "p_hat of every row built from q's row 0",
-        "rapid_integrations/verify.py",
+        "rapid_integrations/sample/verify.py",
         "ph = p_hat(logp, q, cfg.eta",
         "ph = p_hat(logp, q[:1].expand_as(q), cfg.eta",
         (ORACLE,),
@@ -84,7 +84,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "q-temperature-twice",
         "temperature applied twice to the draft's q",
-        "rapid_integrations/drafting.py",
+        "rapid_integrations/spec_decode/drafting.py",
         _Q,
         _Q.replace("logits,", "logits / cfg.temperature,"),
         (DISTRIBUTION + "::test_proposer_q_is_the_drafts_own_filtered_distribution",),
@@ -92,7 +92,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "top-p-not-on-q",
         "top-p applied to p but not to q",
-        "rapid_integrations/drafting.py",
+        "rapid_integrations/spec_decode/drafting.py",
         _Q,
         _Q.replace("cfg.top_p,", "1.0,"),
         (DISTRIBUTION + "::test_proposer_q_is_the_drafts_own_filtered_distribution",),
@@ -100,7 +100,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "draft-crop-off-by-one",
         "the draft cache cropped one token too many after a rejection",
-        "rapid_integrations/drafting.py",
+        "rapid_integrations/spec_decode/drafting.py",
         "self.state.rollback(max(0, self._fed - accepted))",
         "self.state.rollback(max(0, self._fed + 1 - accepted))",
         ("tests/test_engine_exact.py::test_proposer_cache_follows_every_verdict",),
@@ -108,7 +108,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "accept-without-q",
         "acceptance with probability p_hat(x) instead of min(1, p_hat(x) / q(x))",
-        "rapid_integrations/verify.py",
+        "rapid_integrations/sample/verify.py",
         _ACCEPT,
         _ACCEPT.replace("q[:gamma].gather(1, idx)[:, 0]", "torch.ones_like(u)"),
         (ORACLE,),
@@ -116,7 +116,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "wrong-bonus-row",
         "the bonus token drawn at row gamma - 1 instead of row gamma",
-        "rapid_integrations/verify.py",
+        "rapid_integrations/sample/verify.py",
         _SAMPLED_ROW,
         _SAMPLED_ROW.replace("else ph[gamma]", "else ph[gamma - 1]"),
         (ORACLE,),
@@ -124,7 +124,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "residual-rules-swapped",
         "the 'paper' and 'exact' residual rules swapped",
-        "rapid_integrations/sampling.py",
+        "rapid_integrations/sample/sampling.py",
         '    if rule == "paper":',
         '    if rule == "exact":',
         (ORACLE,),
@@ -132,7 +132,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "no-tail-guard",
         "the paper's tail guard never applied",
-        "rapid_integrations/sampling.py",
+        "rapid_integrations/sample/sampling.py",
         '    if tail_guard == "paper":',
         '    if tail_guard == "never":',
         (ORACLE,),
@@ -140,7 +140,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "confidence-guard-flipped",
         "the confidence guard keeps p where the draft is the surer one",
-        "rapid_integrations/sampling.py",
+        "rapid_integrations/sample/sampling.py",
         "target_sure = p.amax(dim=-1) >= q.amax(dim=-1)",
         "target_sure = p.amax(dim=-1) <= q.amax(dim=-1)",
         (ORACLE,),
@@ -148,7 +148,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "no-end-guard",
         "the end guard dropped from the verdict",
-        "rapid_integrations/verify.py",
+        "rapid_integrations/sample/verify.py",
         "return ph if end_ids is None else end_guard(ph, p, end_ids)",
         "return ph",
         (ORACLE,),
@@ -156,7 +156,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sliding-layer-shows-everything",
         "a sliding-window layer attends to every cached token, not its window",
-        "rapid_integrations/kv.py",
+        "rapid_integrations/runtime/kv.py",
         "return self.keys[..., start:, :], self.values[..., start:, :]",
         "return self.keys, self.values",
         ("tests/test_kv_layouts.py",),
@@ -164,7 +164,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "grammar-mask-off-the-draft",
         "the grammar mask (and penalty) left off the draft: q keeps forbidden tokens",
-        "rapid_integrations/engine.py",
+        "rapid_integrations/engine/rapid_engine.py",
         'shaping = self._constraints(plan, self.draft, "the draft model")',
         "shaping = None",
         ("tests/test_grammar.py::test_eta_positive_first_token_follows_the_masked_law",),
@@ -172,7 +172,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "grammar-matcher-not-rolled-back",
         "the grammar matcher not rolled back to the kept drafts after a rejection",
-        "rapid_integrations/constraints.py",
+        "rapid_integrations/structured_output/constraints.py",
         "self._matcher.rollback(sum(self._moves[kept:]))",
         "self._matcher.rollback(0)",
         ("tests/test_grammar.py::test_eta0_greedy_equals_target_greedy_under_the_grammar",),
@@ -180,7 +180,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "prefix-cache-ignores-weights",
         "the prefix cache keyed by the model object only, not its weights",
-        "rapid_integrations/prefix_cache.py",
+        "rapid_integrations/runtime/prefix_cache.py",
         "return self.model() is model and self.weights == weights",
         "return self.model() is model",
         (
@@ -190,7 +190,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "bonus-from-p",
         "the bonus token drawn from p, though q has a row there",
-        "rapid_integrations/verify.py",
+        "rapid_integrations/sample/verify.py",
         _SAMPLED_ROW,
         _SAMPLED_ROW.replace("else ph[gamma]", "else p[gamma]"),
         (ORACLE,),
@@ -198,7 +198,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "vet-greedy-keeps-every-copy",
         "greedy, the draft keeps copies that are not its argmax: drafts the target must reject",
-        "rapid_integrations/drafting.py",
+        "rapid_integrations/spec_decode/drafting.py",
         "keep = rows[:k].argmax(-1) == copies",
         "keep = copies >= 0",
         (
@@ -208,7 +208,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "vet-keeps-every-copy",
         "the draft keeps every copy without the chance q gives it, so drafts are not from q",
-        "rapid_integrations/drafting.py",
+        "rapid_integrations/spec_decode/drafting.py",
         "keep = u < q.gather(1, copies[:, None])[:, 0]",
         "keep = u < 2",
         ("tests/test_engine_adaptive.py::test_vetting_a_copy_drafts_from_q",),
@@ -216,7 +216,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "schedule-ignores-copies",
         "the measured gamma prices a pass by its picks alone, blind to the copies they bring",
-        "rapid_integrations/schedule.py",
+        "rapid_integrations/spec_decode/schedule.py",
         "return gamma + min(gamma * per_pick, self._most_copies)",
         "return float(gamma)",
         ("tests/test_engine_adaptive.py::test_measured_gamma_counts_the_copies_a_pick_brings",),
@@ -224,7 +224,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "memory-never-remeasures",
         "a length where drafting once lost decodes without drafting for good: never measured again",
-        "rapid_integrations/schedule_memory.py",
+        "rapid_integrations/spec_decode/schedule_memory.py",
         " or kept.calls_left == 0:",
         ":",
         ("tests/test_schedule_memory.py",),
@@ -232,7 +232,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "bonus-row-without-q",
         "the draft stops before x_k, so a model pass's bonus row has no q and follows p",
-        "rapid_integrations/drafting.py",
+        "rapid_integrations/spec_decode/drafting.py",
         "self.reads_ahead = config.eta > 0 and constraints is None",
         "self.reads_ahead = False",
         (
@@ -243,7 +243,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "packed-positions-of-the-first",
         "a packed pass places every segment at the first sequence's positions",
-        "rapid_integrations/kv.py",
+        "rapid_integrations/runtime/kv.py",
         "torch.arange(len(i), device=i.device) + s.cache.get_seq_length()",
         "torch.arange(len(i), device=i.device) + states[0].cache.get_seq_length()",
         (BATCH,),
@@ -251,7 +251,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "packed-kv-to-the-next-sequence",
         "a packed pass appends each segment's KV to the next sequence's cache",
-        "rapid_integrations/kv.py",
+        "rapid_integrations/runtime/kv.py",
         "for cache, (start, end) in zip(self.caches, self.bounds, strict=True):",
         "for cache, (start, end) in zip(self.caches[1:] + self.caches[:1], self.bounds):",
         (BATCH,),
@@ -259,7 +259,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "batch-rows-to-the-next-call",
         "a batch step settles each call on the next call's rows (verdict and rollback)",
-        "rapid_integrations/batch.py",
+        "rapid_integrations/batching/runner.py",
         "for i, rows in zip(group, sent, strict=True):",
         "for i, rows in zip(group, [*sent[1:], *sent[:1]], strict=True):",
         (BATCH,),
@@ -267,7 +267,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "varlen-attends-to-the-first",
         "packed attention reads the first sequence's KV for every segment",
-        "rapid_integrations/attention.py",
+        "rapid_integrations/runtime/attention.py",
         "kvs = [layout.kv(module.layer_idx, i) for i in range(len(layout.bounds))]",
         "kvs = [layout.kv(module.layer_idx, 0) for i in range(len(layout.bounds))]",
         (BATCH,),
@@ -275,7 +275,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "shared-prefix-merged-evenly",
         "the shared-prefix split merges the prefix's and the own tokens' attention half and half",
-        "rapid_integrations/attention.py",
+        "rapid_integrations/runtime/attention.py",
         "weights = torch.softmax(sums, dim=0)",
         "weights = torch.full_like(sums, 1 / len(partials))",
         (SHARED,),
@@ -283,7 +283,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "shared-prefix-rows-swapped",
         "the calls that read one prefix together get each other's share of its attention",
-        "rapid_integrations/attention.py",
+        "rapid_integrations/runtime/attention.py",
         "for i, o, s in zip(members, out.split(sizes, 2), lse.split(sizes, 2), strict=True):",
         "for i, o, s in zip(members[::-1], out.split(sizes, 2), lse.split(sizes, 2), strict=True):",
         (SHARED,),
@@ -291,7 +291,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "shared-prefix-mask-off-by-one",
         "at the shared-prefix split the own tokens' causal mask is one token late: a draft sees the next",
-        "rapid_integrations/attention.py",
+        "rapid_integrations/runtime/attention.py",
         "return mask, None if mask is None else mask[..., kv - key.shape[-2] :]",
         "return mask, None if mask is None else mask[..., kv - key.shape[-2] - 1 : -1]",
         (SHARED,),
@@ -299,7 +299,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "split-keys-misaligned",
         "the split decode attention reads its runs as if heads and runs were one axis",
-        "rapid_integrations/attention.py",
+        "rapid_integrations/runtime/attention.py",
         "return x[0, :, :cut].unflatten(1, (runs, length)).transpose(0, 1)",
         "return x[0, :, :cut].reshape(runs, x.shape[1], length, x.shape[-1])",
         (EXACT,),
@@ -307,7 +307,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "split-keys-lose-the-rest",
         "the split decode attention drops the keys left over after its runs",
-        "rapid_integrations/attention.py",
+        "rapid_integrations/runtime/attention.py",
         "    if cut < keys:\n",
         "    if False:\n",
         (EXACT,),
@@ -315,7 +315,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "compiled-skips-guards",
         "a compiled draft pass runs its graph on a cache that fails the graph's guards",
-        "rapid_integrations/compiled.py",
+        "rapid_integrations/runtime/compiled.py",
         "passed[several] = graph.guard_check(input_ids.clone(), cache)",
         "passed[several] = True",
         (COMPILED,),
@@ -323,7 +323,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "compiled-overflows",
         "a compiled draft pass runs its graph with no room left in the buffers",
-        "rapid_integrations/compiled.py",
+        "rapid_integrations/runtime/compiled.py",
         " or length + width > first.capacity:",
         ":",
         (COMPILED,),
@@ -331,7 +331,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "compiled-drops-arguments",
         "a compiled draft pass runs its graph on a call with an argument the graph ignores",
-        "rapid_integrations/compiled.py",
+        "rapid_integrations/runtime/compiled.py",
         'plain = kwargs.keys() <= {self._param, "use_cache", "logits_to_keep"}',
         "plain = True",
         (COMPILED,),
@@ -339,7 +339,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "compiled-short-cache",
         "a compiled draft pass runs its graph on a cache shorter than the graphs hold for",
-        "rapid_integrations/compiled.py",
+        "rapid_integrations/runtime/compiled.py",
         "if length < MIN_LENGTH or width",
         "if width",
         (COMPILED,),
@@ -347,7 +347,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "bf16-weight-prefills-in-bf16",
         "a bf16-weight draft runs the bf16 kernel on every pass, a prefill chunk without native bf16 too",
-        "rapid_integrations/weight_only.py",
+        "rapid_integrations/models/weight_only.py",
         "if torch.compiler.is_compiling() or NATIVE_BF16 or self._few(x):",
         "if True:",
         ("tests/test_weight_only.py",),
@@ -355,7 +355,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "bf16-weight-guards-on-width",
         "a compiled bf16-weight draft traces its width test: a guard that recompiles",
-        "rapid_integrations/weight_only.py",
+        "rapid_integrations/models/weight_only.py",
         "if torch.compiler.is_compiling() or NATIVE_BF16 or self._few(x):",
         "if NATIVE_BF16 or self._few(x) or torch.compiler.is_compiling():",
         ("tests/test_weight_only.py",),
@@ -363,7 +363,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "bf16-weight-decodes-in-float32",
         "a bf16-weight draft multiplies one-token passes in float32 without native bf16",
-        "rapid_integrations/weight_only.py",
+        "rapid_integrations/models/weight_only.py",
         "return x.numel() <= HALF_ROWS * self.in_features",
         "return x.numel() < self.in_features",
         ("tests/test_weight_only.py",),
@@ -371,7 +371,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "copies-priced-without-their-chance",
         "every copy is read wherever a token costs less than a pass, kept or not",
-        "rapid_integrations/schedule.py",
+        "rapid_integrations/spec_decode/schedule.py",
         "return sum(chance >= self._price for chance in self._curve.kept_chances(room))",
         "return sum(1.0 >= self._price for chance in self._curve.kept_chances(room))",
         (COPIES,),
@@ -379,7 +379,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unread-lookup-learned-backwards",
         "a lookup not read is learned as kept where the draft's pick differs from the copy",
-        "rapid_integrations/drafting.py",
+        "rapid_integrations/spec_decode/drafting.py",
         "self._prices.learn(1, int(draft == copy))",
         "self._prices.learn(1, int(draft != copy))",
         (COPIES,),
@@ -387,7 +387,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "seeded-sampled-calls-priced",
         "a seeded sampled call reads the copies its engine prices: its draws differ by engine",
-        "rapid_integrations/drafting.py",
+        "rapid_integrations/spec_decode/drafting.py",
         "priced = config.greedy or config.seed is None",
         "priced = True",
         (COPIES,),
@@ -395,7 +395,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "copies-priced-below-free",
         "copies are priced however little a token costs: two engines read different copies",
-        "rapid_integrations/schedule.py",
+        "rapid_integrations/spec_decode/schedule.py",
         "if self._price is None or self._price < self.FREE:",
         "if self._price is None:",
         (COPIES,),
@@ -403,7 +403,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "token-price-over-the-wide-pass",
         "the draft's token price divides by the wide pass's seconds, not the one-token pass's",
-        "rapid_integrations/drafting.py",
+        "rapid_integrations/spec_decode/drafting.py",
         "return max(0.0, (wide - one) / ((PRICE_WIDTH - 1) * one))",
         "return max(0.0, (wide - one) / ((PRICE_WIDTH - 1) * wide))",
         (COPIES,),

@@ -21,7 +21,7 @@ import torch
 from rapid_integrations import RapidEngine
 from rapid_integrations.bench.haystack import leading_text
 from rapid_integrations.bench.models import load_rope_scaled
-from rapid_integrations.models import ensure_default_model
+from rapid_integrations.models.loading import ensure_default_model
 
 GIB = 2**30
 

@@ -17,11 +17,11 @@ import argparse
 
 import torch
 
-from rapid_integrations.attention import use_rapid_attention
 from rapid_integrations.demo_data import demo_document
-from rapid_integrations.kv import KVState, held_bytes
-from rapid_integrations.models import load_default
-from rapid_integrations.prefix_cache import PrefixCache
+from rapid_integrations.models.loading import load_default
+from rapid_integrations.runtime.attention import use_rapid_attention
+from rapid_integrations.runtime.kv import KVState, held_bytes
+from rapid_integrations.runtime.prefix_cache import PrefixCache
 
 
 def main() -> None:

@@ -130,7 +130,7 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smol():
     """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, fp32."""
-    from rapid_integrations.models import load_default
+    from rapid_integrations.models.loading import load_default
 
     return load_default(dtype="float32")
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from rapid_integrations import kv
+from rapid_integrations.runtime import kv
 
 Forward = Callable[..., Any]
 
@@ -95,7 +95,7 @@ def track_caches(monkeypatch: pytest.MonkeyPatch) -> CacheTracker:
 
 def settle_threads(baseline: int, timeout: float = 10.0) -> int:
     """`threading.active_count()` once it is back to `baseline` or `timeout` has passed.
-    Garbage is collected meanwhile: an engine's shared batcher (rapid_integrations/batcher.py)
+    Garbage is collected meanwhile: an engine's shared batcher (rapid_integrations/batching/batcher.py)
     and its worker thread go once no call holds them, which may take a collection."""
     deadline = time.monotonic() + timeout
     while threading.active_count() > baseline and time.monotonic() < deadline:

@@ -26,7 +26,7 @@ def embed_model() -> HuggingFaceEmbedding:
     """The bundled all-MiniLM-L6-v2 as a LlamaIndex embedding, loaded from its folder."""
     from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 
-    from rapid_integrations.models import default_embedder_path
+    from rapid_integrations.models.loading import default_embedder_path
 
     return HuggingFaceEmbedding(model_name=str(default_embedder_path()), device="cpu")
 

@@ -28,7 +28,7 @@ def smol_tokenizer() -> PreTrainedTokenizerBase:
     """The target's tokenizer (SmolLM2-135M-Instruct, from the converted default model)."""
     from transformers import AutoTokenizer
 
-    from rapid_integrations.models import ensure_default_model
+    from rapid_integrations.models.loading import ensure_default_model
 
     return AutoTokenizer.from_pretrained(str(ensure_default_model(progress=False)))
 

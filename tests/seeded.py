@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from rapid_integrations import RapidEngine
-from rapid_integrations.batch import BatchRunner
+from rapid_integrations.batching.runner import BatchRunner
 
 BATCH = 48  # calls per runner: the fastest of 8 / 48 / 240 on the tiny models
 CHECKED = 6

@@ -1,4 +1,4 @@
-"""Continuous batching (rapid_integrations/batch.py, docs/algorithm.md section 14) on tiny
+"""Continuous batching (rapid_integrations/batching/runner.py, docs/algorithm.md section 14) on tiny
 float32 models: every call's output is its own unbatched `generate` output, whatever else is in
 the batch and whenever it joined; a cancelled or failed call leaves the others unchanged. The
 sampling laws are tested on batches of seeded calls (tests/seeded.py, used by

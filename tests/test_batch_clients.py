@@ -1,4 +1,4 @@
-"""The adapters' calls share the engine's batch (rapid_integrations/batcher.py, docs/algorithm.md
+"""The adapters' calls share the engine's batch (rapid_integrations/batching/batcher.py, docs/algorithm.md
 section 14): LangChain `batch()` / `abatch()` of `ChatRapid` and `RapidLLM`, and concurrent
 LlamaIndex `acomplete` / `achat` / stream calls, decode together on one `BatchRunner`, and each
 answer is the one its call gets alone; an engine that cannot be packed runs them as before.

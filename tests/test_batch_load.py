@@ -1,4 +1,4 @@
-"""Speculation that adapts to load (rapid_integrations/batch.py, schedule.py `BatchCosts`,
+"""Speculation that adapts to load (rapid_integrations/batching/runner.py, schedule.py `BatchCosts`,
 docs/algorithm.md section 14.2): the cap on gamma a batch picks from its measured pass costs,
 on known costs and on the tiny float32 models of tests/test_batch.py. Under a binding cap
 every call's eta = 0 greedy output stays its own unbatched output, and so does eta > 0's
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from rapid_integrations import BatchRunner, RapidConfig, RapidEngine
-from rapid_integrations.schedule import BatchCosts, GammaSchedule, PassCosts, PassLine
+from rapid_integrations.spec_decode.schedule import BatchCosts, GammaSchedule, PassCosts, PassLine
 from tests import test_batch
 from tests.test_batch import CALLS, alone, submit
 

@@ -49,7 +49,7 @@ REQUIRED_FIELDS = {
 def smol_tokenizer():
     from transformers import AutoTokenizer
 
-    from rapid_integrations.models import ensure_default_model
+    from rapid_integrations.models.loading import ensure_default_model
 
     return AutoTokenizer.from_pretrained(str(ensure_default_model()))
 
@@ -219,7 +219,7 @@ def test_peak_memory_is_positive():
 
 @pytest.mark.slow
 def test_rope_scaled_model_has_the_longer_window():
-    from rapid_integrations.models import ensure_default_model
+    from rapid_integrations.models.loading import ensure_default_model
 
     folder = ensure_default_model()
     model, factor = load_rope_scaled(folder, 16384, torch.device("cpu"), torch.float32)

@@ -325,7 +325,7 @@ def test_the_real_library_decodes_the_embedded_gguf(smol_engine, name):
     skipped without llama-cpp-python (`pip install "rapid-integrations[llamacpp]"`)."""
     pytest.importorskip(llamacpp.LIBRARY)
     from rapid_integrations.demo_data import demo_excerpt
-    from rapid_integrations.models import default_gguf_path
+    from rapid_integrations.models.loading import default_gguf_path
     from rapid_integrations.tokens import encode_prompt
 
     engine = smol_engine

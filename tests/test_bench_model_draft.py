@@ -11,7 +11,7 @@ from rapid_integrations.bench.model_draft import (
     speedup,
 )
 from rapid_integrations.bench.models import tiny_pair
-from rapid_integrations.kv import pass_seconds
+from rapid_integrations.runtime.kv import pass_seconds
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
 

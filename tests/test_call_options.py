@@ -17,9 +17,9 @@ import pytest
 from langchain_rapid import ChatRapid
 from llamaindex_rapid import RapidLLM as LlamaIndexLLM
 from rapid_integrations import CallOptions, RapidConfig, RapidConfigError, RapidEngine
-from rapid_integrations.adapter_params import LoadSpec
-from rapid_integrations.call_options import CALL_NAMES, ENGINE_RETRIEVER
-from rapid_integrations.engine_handle import EngineHandle
+from rapid_integrations.adapters.handle import EngineHandle
+from rapid_integrations.adapters.params import LoadSpec
+from rapid_integrations.engine.call_options import CALL_NAMES, ENGINE_RETRIEVER
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
 

@@ -1,4 +1,4 @@
-"""A compiled draft (`RapidEngine(compile_draft=True)`, rapid_integrations/compiled.py) on tiny
+"""A compiled draft (`RapidEngine(compile_draft=True)`, rapid_integrations/runtime/compiled.py) on tiny
 float64 models: every call decodes as the eager engine does, token for token and draft for
 draft, every draft decode pass the graphs hold for runs the graphs built with the engine
 (the others run the model itself), and nothing a call or the process does later makes torch
@@ -11,12 +11,13 @@ import torch
 import torch._dynamo.utils
 from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
 
-from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine, compiled, generate_batch
-from rapid_integrations.attention import use_rapid_attention
+from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine, generate_batch
 from rapid_integrations.bench.models import tiny_pair
 from rapid_integrations.bench.probe import ForwardProbe
 from rapid_integrations.bench.runner import forward_modules
-from rapid_integrations.kv import KVState, cache_param, pass_seconds
+from rapid_integrations.runtime import compiled
+from rapid_integrations.runtime.attention import use_rapid_attention
+from rapid_integrations.runtime.kv import KVState, cache_param, pass_seconds
 from tests.tiny import char_tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # compiles: ~20 s

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine
-from rapid_integrations.drafting import LookupProposer, ModelProposer
-from rapid_integrations.kv import KVState, direct
-from rapid_integrations.schedule import GammaSchedule
+from rapid_integrations.runtime.kv import KVState, direct
+from rapid_integrations.spec_decode.drafting import LookupProposer, ModelProposer
+from rapid_integrations.spec_decode.schedule import GammaSchedule
 from tests import oracle
 from tests.seeded import position_counts
 from tests.test_engine_distribution import assert_follows
@@ -291,8 +291,8 @@ def test_draft_stops_after_a_token_below_the_confidence_threshold(tok, draft, th
     """Threshold 1 is never reached by a spread-out q: the first draft is proposed and drafting
     stops (as transformers' ConfidenceCriteria, the doubtful token itself is kept); the cache
     then follows the verdict as after a full proposal."""
-    from rapid_integrations.drafting import ModelProposer
-    from rapid_integrations.kv import KVState, direct
+    from rapid_integrations.runtime.kv import KVState, direct
+    from rapid_integrations.spec_decode.drafting import ModelProposer
 
     cfg = RapidConfig(eta=0.0, draft_confidence_threshold=threshold)
     prompt = tok.encode("abc hij kl")
@@ -668,7 +668,7 @@ def test_every_q_the_verdict_reads_is_the_drafts_own(engines, draft, tok, monkey
     past the drafts too) equals the draft model's no-cache distribution after
     the draft prompt, the tokens emitted so far and the drafts before that row, so the draft
     cache follows every verdict and every vetted copy (docs/algorithm.md section 2.10)."""
-    from rapid_integrations import engine as engine_module
+    from rapid_integrations.engine import rapid_engine as engine_module
 
     seen = []
 

@@ -17,9 +17,9 @@ import torch
 from scipy.stats import chisquare
 
 from rapid_integrations import BatchRunner, RapidConfig, RapidEngine
-from rapid_integrations import engine as engine_module
-from rapid_integrations.drafting import ModelProposer
-from rapid_integrations.kv import KVState, direct
+from rapid_integrations.engine import rapid_engine as engine_module
+from rapid_integrations.runtime.kv import KVState, direct
+from rapid_integrations.spec_decode.drafting import ModelProposer
 from tests import oracle
 from tests.seeded import BATCH, counted, position_counts
 from tests.test_batch_load import COMPUTE_BOUND, known, run_traced

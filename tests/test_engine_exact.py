@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from rapid_integrations import RapidConfig, RapidEngine, attention
+from rapid_integrations import RapidConfig, RapidEngine
+from rapid_integrations.runtime import attention
 from tests.tiny import greedy_mismatches, greedy_picks, reference_greedy, tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
@@ -341,8 +342,8 @@ def test_a_draft_identical_to_the_target_is_always_accepted(tok, target, gamma):
 def test_proposer_cache_follows_every_verdict(tok, draft, gamma):
     """After any verdict (n of gamma kept, then a token), the next proposals are the draft's own
     greedy continuation of prompt + kept tokens: the draft cache was cropped exactly."""
-    from rapid_integrations.drafting import ModelProposer
-    from rapid_integrations.kv import KVState, direct
+    from rapid_integrations.runtime.kv import KVState, direct
+    from rapid_integrations.spec_decode.drafting import ModelProposer
 
     cfg = RapidConfig(eta=0.0, gamma=gamma)
     prompt = tok.encode("abc hij kl")

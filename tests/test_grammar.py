@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from rapid_integrations import Grammar, GrammarError, RapidConfig, RapidEngine, RapidError
-from rapid_integrations.sampling import one_step_law, p_hat
+from rapid_integrations.sample.sampling import one_step_law, p_hat
 from tests.seeded import position_counts
 from tests.tiny import json_tokenizer, tiny_llama
 

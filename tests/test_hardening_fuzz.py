@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from rapid_integrations.config import RapidConfig
-from rapid_integrations.prompts import prepare_draft_prompt
+from rapid_integrations.engine.prompts import prepare_draft_prompt
 from rapid_integrations.retrieval.base import count_text_tokens
-from rapid_integrations.sampling import (
+from rapid_integrations.sample.sampling import (
     accepted_count,
     end_guard,
     log_probs,
@@ -28,8 +28,8 @@ from rapid_integrations.sampling import (
     p_hat,
     residual,
 )
+from rapid_integrations.sample.verify import verdict
 from rapid_integrations.tokens import Detokenizer
-from rapid_integrations.verify import verdict
 from tests.retrieval_fixtures import HashingEmbedder, smol_tokenizer
 from tests.tiny import char_tokenizer
 

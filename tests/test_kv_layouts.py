@@ -24,7 +24,7 @@ from transformers import (
 )
 
 from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine
-from rapid_integrations.kv import BufferedLayer, BufferedSlidingLayer, new_cache
+from rapid_integrations.runtime.kv import BufferedLayer, BufferedSlidingLayer, new_cache
 from tests.tiny import reference_greedy
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)

@@ -166,7 +166,7 @@ def test_tokens_are_counted_with_the_models_tokenizer_without_weights(
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("weights were loaded")
 
-    monkeypatch.setattr("rapid_integrations.engine.load_model", refuse)
+    monkeypatch.setattr("rapid_integrations.engine.rapid_engine.load_model", refuse)
     chat = ChatRapid(model=str(tiny_model_dir))
     assert chat.profile is not None and chat.profile["max_input_tokens"] == 512
     assert chat.get_token_ids("abc def") == tok.encode("abc def", add_special_tokens=False)

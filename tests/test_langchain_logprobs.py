@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from langchain_rapid import ChatRapid, RapidLLM
 from rapid_integrations import RapidConfigError, RapidEngine, RapidOutput
-from rapid_integrations.logprobs import token_bytes
+from rapid_integrations.output.logprobs import token_bytes
 from tests.test_logprobs import generate_logprobs
 
 PROMPT = "abc def"

@@ -36,7 +36,7 @@ from rapid_integrations import (
     RapidEngine,
     RapidInputError,
 )
-from rapid_integrations.timeouts import RapidTimeoutError
+from rapid_integrations.adapters.timeouts import RapidTimeoutError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
 
@@ -98,9 +98,9 @@ def refuse_loading(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("weights were loaded")
 
-    monkeypatch.setattr("rapid_integrations.engine.load_model", refuse)
-    monkeypatch.setattr("rapid_integrations.models.load_default", refuse)
-    monkeypatch.setattr("rapid_integrations.models.ensure_default_model", refuse)
+    monkeypatch.setattr("rapid_integrations.engine.rapid_engine.load_model", refuse)
+    monkeypatch.setattr("rapid_integrations.models.loading.load_default", refuse)
+    monkeypatch.setattr("rapid_integrations.models.loading.ensure_default_model", refuse)
 
 
 def test_constructing_loads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,7 @@ from llama_index.core.llms import ChatMessage
 
 from llamaindex_rapid import RapidLLM
 from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine, RapidOutput
-from rapid_integrations.logprobs import token_bytes
+from rapid_integrations.output.logprobs import token_bytes
 from tests.test_langchain_logprobs import SMOL_MESSAGES
 from tests.test_logprobs import generate_logprobs
 

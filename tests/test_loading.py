@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from rapid_integrations import ModelNotFoundError, RapidConfigError, RapidEngine
-from rapid_integrations.models import context_window_of, places_itself
+from rapid_integrations.models.loading import context_window_of, places_itself
 from tests.tiny import char_tokenizer, reference_greedy, tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
@@ -189,7 +189,7 @@ def nothing_loads(monkeypatch):
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", refuse)
-    monkeypatch.setattr("rapid_integrations.models.ensure_default_model", refuse)
+    monkeypatch.setattr("rapid_integrations.models.loading.ensure_default_model", refuse)
 
 
 BAD_ENGINE_ARGUMENTS = [
@@ -288,7 +288,7 @@ def test_cuda_device_map_auto(tiny_model_dir, expected):
 
 @cuda
 def test_cuda_offloaded_head_runs_where_its_hook_executes(tiny_model_dir, expected):
-    from rapid_integrations.engine import logits_device
+    from rapid_integrations.engine.rapid_engine import logits_device
 
     device_map = {"model": 0, "lm_head": "cpu"}  # the head is offloaded, executed on cuda:0
     engine = RapidEngine(str(tiny_model_dir), model_kwargs={"device_map": device_map, **F64})

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine
-from rapid_integrations.logprobs import token_bytes
+from rapid_integrations.output.logprobs import token_bytes
 from tests import oracle
 from tests.test_engine_adaptive import repetitive_prompts
 from tests.test_engine_exact import random_prompts
@@ -183,7 +183,7 @@ def test_bad_logprob_options_raise_naming_the_field(engines, options, field):
 
 def test_token_bytes_are_exact_for_a_byte_level_tokenizer():
     """SmolLM2's byte-level BPE splits characters across tokens: the bytes still join."""
-    from rapid_integrations.models import default_model_dir, load_tokenizer
+    from rapid_integrations.models.loading import default_model_dir, load_tokenizer
 
     smol = load_tokenizer(default_model_dir(), None)
     text = "héllo 日本 🎉"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rapid_integrations import RapidConfig, RapidEngine
-from rapid_integrations.prefix_cache import PrefixCache, weights_version
+from rapid_integrations.runtime.prefix_cache import PrefixCache, weights_version
 from tests.tiny import reference_greedy, tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)

@@ -17,7 +17,7 @@ BUILD = """
 import logging, sys
 if sys.argv[1] == "debug":
     logging.getLogger("rapid_integrations").setLevel(logging.DEBUG)
-from rapid_integrations.engine import RapidEngine
+from rapid_integrations.engine.rapid_engine import RapidEngine
 engine = RapidEngine(sys.argv[2]) if len(sys.argv) > 2 else RapidEngine.from_default()
 """
 # A document long enough that the draft reads it through retrieval (over the 512-token

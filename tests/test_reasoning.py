@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rapid_integrations import Grammar, RapidConfig, RapidConfigError, RapidEngine
-from rapid_integrations.sections import CallSplitter, Gate, Sections
+from rapid_integrations.structured_output.sections import CallSplitter, Gate, Sections
 from tests.test_grammar import allowed, reference_compiled
 from tests.tiny import JSON_ALPHABET, char_tokenizer, tiny_llama
 

@@ -8,8 +8,8 @@ import pytest
 
 from rapid_integrations.bench.recall import haystack, make_needles, plant, question_prompt
 from rapid_integrations.config import RapidConfig
-from rapid_integrations.models import default_embedder_path
-from rapid_integrations.prompts import prepare_draft_prompt
+from rapid_integrations.engine.prompts import prepare_draft_prompt
+from rapid_integrations.models.loading import default_embedder_path
 from rapid_integrations.retrieval import FaissContextRetriever, default_budget, split_prompt
 from rapid_integrations.retrieval.base import count_text_tokens
 from tests.retrieval_fixtures import minilm, smol_tokenizer

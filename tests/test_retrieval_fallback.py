@@ -10,8 +10,8 @@ import time
 import pytest
 
 from rapid_integrations.config import RapidConfig
+from rapid_integrations.engine.prompts import DraftPrompt, build_draft_prompt, prepare_draft_prompt
 from rapid_integrations.errors import RapidError, RapidInputError, RetrievalError
-from rapid_integrations.prompts import DraftPrompt, build_draft_prompt, prepare_draft_prompt
 from rapid_integrations.retrieval import ContextRetriever, PromptSplit, split_prompt
 from rapid_integrations.retrieval.base import count_text_tokens
 from tests.retrieval_fixtures import HashingEmbedder, smol_tokenizer

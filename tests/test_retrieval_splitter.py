@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rapid_integrations.config import RapidConfig
-from rapid_integrations.prompts import prepare_draft_prompt
+from rapid_integrations.engine.prompts import prepare_draft_prompt
 from rapid_integrations.retrieval import PromptSplit, default_query, split_prompt
 from rapid_integrations.retrieval.base import count_text_tokens
 from tests.retrieval_fixtures import HashingEmbedder, smol_tokenizer

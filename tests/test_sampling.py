@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from rapid_integrations.sampling import (
+from rapid_integrations.sample.sampling import (
     accepted_count,
     end_guard,
     log_probs,

@@ -16,7 +16,7 @@ from transformers import (
 )
 
 from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine
-from rapid_integrations.sampling import log_probs, one_step_law, p_hat
+from rapid_integrations.sample.sampling import log_probs, one_step_law, p_hat
 from tests.test_engine_distribution import DRAFT_PROMPT, PROMPT, assert_follows, first_tokens
 from tests.test_engine_exact import random_prompts
 from tests.tiny import reference_greedy

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from rapid_integrations import RapidConfig, RapidEngine
-from rapid_integrations.schedule import GammaSchedule
-from rapid_integrations.schedule_memory import ScheduleMemory, schedule_key
+from rapid_integrations.spec_decode.schedule import GammaSchedule
+from rapid_integrations.spec_decode.schedule_memory import ScheduleMemory, schedule_key
 from tests.test_engine_adaptive import slowed
 from tests.tiny import reference_greedy
 

@@ -21,9 +21,9 @@ import pytest
 from prometheus_client import Gauge
 
 from rapid_integrations import RapidEngine, RapidOutput
-from rapid_integrations.grammar import Grammar
 from rapid_integrations.serve import ServeSettings, create_app
 from rapid_integrations.serve.calls import FINISH_REASONS, choice_seed
+from rapid_integrations.structured_output.grammar import Grammar
 from tests.hardening import patched_forward, slow_down, track_caches
 from tests.serve_fixtures import (
     DTYPE,

@@ -16,7 +16,7 @@ import openai
 import pytest
 from openai.lib._pydantic import to_strict_json_schema
 
-from rapid_integrations.grammar import Grammar
+from rapid_integrations.structured_output.grammar import Grammar
 from tests import test_serve_tools
 from tests.serve_fixtures import MODEL, LiveServer, live_server
 from tests.test_serve_tools import CHAT, SCHEMA, TOOLS, WEATHER, Answer, EngineOutput, engine_calls

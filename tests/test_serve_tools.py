@@ -23,9 +23,9 @@ from openai.lib._pydantic import to_strict_json_schema
 from pydantic import BaseModel, Field
 
 from rapid_integrations import RapidEngine, RapidOutput
-from rapid_integrations.grammar import Grammar
 from rapid_integrations.serve.calls import FINISH_REASONS
-from rapid_integrations.tools import CALL_OPEN
+from rapid_integrations.structured_output.grammar import Grammar
+from rapid_integrations.structured_output.tools import CALL_OPEN
 from tests.serve_fixtures import (
     DTYPE,
     MODEL,
@@ -262,7 +262,7 @@ def test_smol_required_ends_with_tool_calls_after_its_call(stream: bool) -> None
     """Issue 30 item 7: over the API, SmolLM2 under tool_choice "required" (parallel calls
     allowed) wrote its call twice, so max_tokens=64 returned one call with finish_reason
     "length"; now decoding ends after the call (docs/algorithm.md section 11)."""
-    from rapid_integrations.models import ensure_default_model
+    from rapid_integrations.models.loading import ensure_default_model
 
     question = [{"role": "user", "content": "What is 23 times 37?"}]
     kwargs: dict[str, Any] = {"tools": [strict(MULTIPLY)], "tool_choice": "required"}

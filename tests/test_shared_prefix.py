@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from rapid_integrations import BatchRunner, RapidConfig, RapidEngine, generate_batch, kv
-from rapid_integrations.kv import KVState, SharedPrefixLayer, held_bytes
-from rapid_integrations.prefix_cache import PrefixCache
+from rapid_integrations import BatchRunner, RapidConfig, RapidEngine, generate_batch
+from rapid_integrations.runtime import kv
+from rapid_integrations.runtime.kv import KVState, SharedPrefixLayer, held_bytes
+from rapid_integrations.runtime.prefix_cache import PrefixCache
 from tests.test_kv_layouts import mistral
 from tests.tiny import tiny_llama
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_
 def smol_tokenizer():
     from transformers import AutoTokenizer
 
-    from rapid_integrations.models import ensure_default_model
+    from rapid_integrations.models.loading import ensure_default_model
 
     return AutoTokenizer.from_pretrained(str(ensure_default_model()))
 

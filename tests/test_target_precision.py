@@ -10,7 +10,7 @@ from rapid_integrations import RapidConfig, RapidEngine
 from rapid_integrations.bench.runner import BenchSettings
 from rapid_integrations.cli import build_parser
 from rapid_integrations.errors import RapidConfigError
-from rapid_integrations.weight_only import GROUP, Int4WeightLinear
+from rapid_integrations.models.weight_only import GROUP, Int4WeightLinear
 from tests.test_engine_exact import random_prompts
 from tests.tiny import reference_greedy, tiny_llama
 
@@ -92,7 +92,7 @@ def test_the_embedded_models_int4_copy_holds_its_gguf_weights_exactly():
     back bit for bit from the int4 copy, in the first and last layers' every Linear."""
     from safetensors.torch import load_file
 
-    from rapid_integrations.models import ensure_default_model
+    from rapid_integrations.models.loading import ensure_default_model
 
     weights = load_file(ensure_default_model() / "model.safetensors")
     layers = ("model.layers.0.", f"model.layers.{sum('q_proj' in n for n in weights) - 1}.")
@@ -119,7 +119,7 @@ def test_bad_target_precisions_are_refused_before_loading(tok):
 
 
 def test_int4_target_without_the_kernel_is_refused_with_what_to_do(tok, monkeypatch):
-    monkeypatch.setattr("rapid_integrations.weight_only.has_kernel", lambda op, d: False)
+    monkeypatch.setattr("rapid_integrations.models.weight_only.has_kernel", lambda op, d: False)
     t = tiny_llama(len(tok), seed=41, dtype=torch.float32)
     with pytest.raises(RapidConfigError, match=r"target_precision: .*CPU only"):
         RapidEngine(t, tokenizer=tok, target_precision="int4-weight")
@@ -147,8 +147,8 @@ def test_an_int4_copy_of_a_float32_model_warns_where_the_kernel_is_slow(
     lacks AVX-512: a float32 int4 copy there is warned about, naming the option and the fix."""
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     t = tiny_llama(len(tok), seed=41, dtype=dtype)
-    with caplog.at_level("WARNING", logger="rapid_integrations.models"):
+    with caplog.at_level("WARNING", logger="rapid_integrations.models.loading"):
         RapidEngine(t, tokenizer=tok, target_precision="int4-weight")
-    said = [r.getMessage() for r in caplog.records if r.name == "rapid_integrations.models"]
+    said = [r.getMessage() for r in caplog.records if r.name == "rapid_integrations.models.loading"]
     assert bool(said) == warned
     assert all("target_precision='int4-weight'" in m and "bfloat16" in m for m in said)

@@ -1,4 +1,4 @@
-"""The torch thread policy (rapid_integrations/threads.py) on fake cgroup files and loads."""
+"""The torch thread policy (rapid_integrations/runtime/threads.py) on fake cgroup files and loads."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import threading
 import pytest
 import torch
 
-from rapid_integrations import threads
 from rapid_integrations.errors import RapidConfigError
+from rapid_integrations.runtime import threads
 
 
 def _write(folder, **files):

@@ -18,8 +18,13 @@ from rapid_integrations import (
     RapidInputError,
     build_draft_prompt,
 )
-from rapid_integrations.sections import CallSplitter
-from rapid_integrations.tools import CALL_OPEN, Tools, call_separator, prepare_messages
+from rapid_integrations.structured_output.sections import CallSplitter
+from rapid_integrations.structured_output.tools import (
+    CALL_OPEN,
+    Tools,
+    call_separator,
+    prepare_messages,
+)
 from tests.test_grammar import reference_constrained
 from tests.tiny import JSON_ALPHABET, char_tokenizer, tiny_llama
 

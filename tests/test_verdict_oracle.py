@@ -17,7 +17,7 @@ import torch
 from scipy.stats import chisquare
 
 from rapid_integrations import RapidConfig
-from rapid_integrations.verify import verdict
+from rapid_integrations.sample.verify import verdict
 from tests import oracle
 
 V, GAMMA, DRAWS = 10, 4, 2500

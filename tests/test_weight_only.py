@@ -10,7 +10,7 @@ import torch
 
 from rapid_integrations import RapidConfig, RapidEngine
 from rapid_integrations.errors import RapidConfigError
-from rapid_integrations.weight_only import (
+from rapid_integrations.models.weight_only import (
     HALF_ROWS,
     INT4_KERNEL,
     INT8_KERNEL,
@@ -109,7 +109,7 @@ def test_weight_only_draft_keeps_the_targets_greedy_tokens(
     on torchao's tensor. Either way only the target's verdict decides the output, and the
     draft still agrees with it often enough to be accepted."""
     if not kernel:
-        monkeypatch.setattr("rapid_integrations.weight_only.has_kernel", lambda op, d: False)
+        monkeypatch.setattr("rapid_integrations.models.weight_only.has_kernel", lambda op, d: False)
     t = tiny_llama(len(tok), seed=31, dtype=torch.float32, scale=0.5)
     cfg = RapidConfig(eta=0.0, max_new_tokens=16, ignore_eos=True, gamma=4)
     engine = RapidEngine(t, tokenizer=tok, config=cfg, draft_precision=precision)
@@ -171,7 +171,7 @@ def test_int4_swap_keeps_the_head_and_the_shapes_the_kernel_does_not_take():
 
 
 def test_int4_weight_without_the_kernel_is_refused_with_what_to_do(tok, monkeypatch):
-    monkeypatch.setattr("rapid_integrations.weight_only.has_kernel", lambda op, d: False)
+    monkeypatch.setattr("rapid_integrations.models.weight_only.has_kernel", lambda op, d: False)
     t = tiny_llama(len(tok), seed=31, dtype=torch.float32)
     with pytest.raises(RapidConfigError, match=r"CPU only.*quantization_config"):
         RapidEngine(t, tokenizer=tok, draft_precision="int4-weight")
@@ -199,7 +199,7 @@ def test_auto_keeps_the_draft_as_loaded_where_no_copy_was_measured(tok, monkeypa
     assert RapidEngine(fp32, other32, tokenizer=tok).draft is other32
     assert RapidEngine(bf16, tokenizer=tok, draft_precision="none").draft is bf16
     assert RapidEngine(fp32, tokenizer=tok, draft_precision="none").draft is fp32
-    monkeypatch.setattr("rapid_integrations.weight_only.has_kernel", lambda op, d: False)
+    monkeypatch.setattr("rapid_integrations.models.weight_only.has_kernel", lambda op, d: False)
     assert RapidEngine(bf16, tokenizer=tok).draft is bf16  # no int4 kernel: no error either
 
 
@@ -240,7 +240,7 @@ def test_bf16_weight_is_the_bf16_product_from_the_kernel_each_cpu_runs_fastest(
     far from the float32 one. Without native bf16 passes of up to `HALF_ROWS` rows (over all
     leading axes) run torch's bf16 kernel and longer ones multiply in float32; with it every
     pass runs the bf16 kernel."""
-    monkeypatch.setattr("rapid_integrations.weight_only.NATIVE_BF16", native)
+    monkeypatch.setattr("rapid_integrations.models.weight_only.NATIVE_BF16", native)
     linear = _linear(48, 64, torch.float32, bias)
     half = Bf16WeightLinear(linear)
     assert half.weight.dtype == torch.bfloat16 and half.bias is linear.bias
@@ -264,7 +264,7 @@ def test_bf16_weight_gives_a_prompt_read_at_once_the_values_read_a_token_at_a_ti
     """With or without the prefix cache a prompt's tokens are read in passes of other widths:
     the kernels differ in their sums' order only, so nearly every value is equal and none is
     more than one bf16 step apart (docs/algorithm.md section 8)."""
-    monkeypatch.setattr("rapid_integrations.weight_only.NATIVE_BF16", native)
+    monkeypatch.setattr("rapid_integrations.models.weight_only.NATIVE_BF16", native)
     half = Bf16WeightLinear(_linear(48, 64, torch.float32))
     x = torch.randn(40, 64, generator=torch.Generator().manual_seed(3))
     whole, apart = half(x), torch.cat([half(row[None]) for row in x])
@@ -276,7 +276,7 @@ def test_bf16_weight_runs_the_bf16_kernel_in_a_compiled_graph_whatever_its_rows(
     """A compiled graph holds no shape test (`compiled.py` checks only lengths per pass): one
     graph serves 2 to 19 rows (a second would be a recompile, an error here), each the bf16
     product."""
-    monkeypatch.setattr("rapid_integrations.weight_only.NATIVE_BF16", False)
+    monkeypatch.setattr("rapid_integrations.models.weight_only.NATIVE_BF16", False)
     monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
     linear = _linear(48, 64, torch.float32, True)
     compiled = torch.compile(Bf16WeightLinear(linear), dynamic=True, fullgraph=True)

@@ -12,12 +12,12 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .adapter_params import LoadSpec, check_engine_alone, model_name
+from rapid_integrations.adapters.params import LoadSpec, check_engine_alone, model_name
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from .engine import RapidEngine
+    from rapid_integrations.engine.rapid_engine import RapidEngine
 
 
 class EngineHandle:

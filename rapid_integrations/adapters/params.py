@@ -17,13 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .config import FIELD_NAMES, RapidConfig
-from .errors import RapidConfigError, RapidInputError
+from rapid_integrations.config import FIELD_NAMES, RapidConfig
+from rapid_integrations.errors import RapidConfigError, RapidInputError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from .engine import RapidEngine
+    from rapid_integrations.engine.rapid_engine import RapidEngine
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 """How the embedded default model is reported (its converted folder path says nothing useful)."""
@@ -212,7 +212,9 @@ class LoadSpec:
     def __post_init__(self) -> None:
         """The engine's own argument checks, run now: before any weights load."""
         # The engine's private checker: asked to be made public (issue 12 report).
-        from .engine import _check_arguments as check_engine_arguments
+        from rapid_integrations.engine.rapid_engine import (
+            _check_arguments as check_engine_arguments,
+        )
 
         if self.draft_model is None and self.draft_device is not None:
             raise RapidConfigError(
@@ -238,8 +240,8 @@ class LoadSpec:
     def build(self, tokenizer: PreTrainedTokenizerBase | None = None) -> RapidEngine:
         """Load the models (the embedded default when `model` is None) into an engine;
         `tokenizer` is the target's, when it was loaded already (for counting)."""
-        from .engine import RapidEngine
-        from .models import ensure_default_model
+        from rapid_integrations.engine.rapid_engine import RapidEngine
+        from rapid_integrations.models.loading import ensure_default_model
 
         model = ensure_default_model() if self.model is None else self.model
         options = {k: v for k, v in self._options().items() if v is not None}
@@ -255,7 +257,7 @@ class LoadSpec:
     def load_tokenizer(self) -> PreTrainedTokenizerBase:
         """The target's tokenizer alone (no weights): for counting tokens and reading the chat
         template before the engine is built. Pass it to `build` to avoid a second load."""
-        from .models import (
+        from rapid_integrations.models.loading import (
             TOKENIZER_SHARED_KWARGS,
             default_gguf_path,
             default_model_dir,
@@ -283,7 +285,7 @@ class LoadSpec:
 
     def context_window(self) -> int:
         """The target's window in tokens, read from its config without loading weights."""
-        from .models import context_window_of
+        from rapid_integrations.models.loading import context_window_of
 
         return context_window_of(self.model, self.model_kwargs)
 

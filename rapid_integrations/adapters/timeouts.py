@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from .errors import RapidError
-from .outputs import Delta, RapidOutput, RapidStream
+from rapid_integrations.errors import RapidError
+from rapid_integrations.output.outputs import Delta, RapidOutput, RapidStream
 
 
 class RapidTimeoutError(RapidError, TimeoutError):

@@ -28,14 +28,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from .call_options import CallOptions
-from .errors import RapidConfigError
-from .outputs import Delta, RapidOutput, RapidStream
-from .tokens import Prompt
+from rapid_integrations.engine.call_options import CallOptions
+from rapid_integrations.errors import RapidConfigError
+from rapid_integrations.output.outputs import Delta, RapidOutput, RapidStream
+from rapid_integrations.tokens import Prompt
 
 if TYPE_CHECKING:
-    from .batch import BatchRunner
-    from .engine import RapidEngine
+    from rapid_integrations.batching.runner import BatchRunner
+    from rapid_integrations.engine.rapid_engine import RapidEngine
 
 log = logging.getLogger("rapid")
 
@@ -83,8 +83,10 @@ class Batcher:
     ) -> Batcher | None:
         """A batcher over `engine`, or None where its models cannot be packed (`refused`
         is told why: each call then decodes by itself)."""
-        from .batch import BatchRunner  # torch loads with the first call, not with the adapters
-        from .schedule import BatchCosts
+        from rapid_integrations.batching.runner import (
+            BatchRunner,  # torch loads with the first call, not with the adapters
+        )
+        from rapid_integrations.spec_decode.schedule import BatchCosts
 
         try:
             # Speculation adapts to load (docs/algorithm.md section 14.2).

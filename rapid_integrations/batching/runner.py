@@ -33,19 +33,19 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from .call_options import CallOptions
-from .config import Mode
-from .errors import RapidConfigError
-from .kv import Feed, Forwards, feed_packed, new_cache, packing_refusal
-from .outputs import Delta, RapidOutput
-from .schedule import BatchCosts, BatchSeat
-from .threads import follow_load
-from .tokens import Prompt
+from rapid_integrations.config import Mode
+from rapid_integrations.engine.call_options import CallOptions
+from rapid_integrations.errors import RapidConfigError
+from rapid_integrations.output.outputs import Delta, RapidOutput
+from rapid_integrations.runtime.kv import Feed, Forwards, feed_packed, new_cache, packing_refusal
+from rapid_integrations.runtime.threads import follow_load
+from rapid_integrations.spec_decode.schedule import BatchCosts, BatchSeat
+from rapid_integrations.tokens import Prompt
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from .engine import RapidEngine
+    from rapid_integrations.engine.rapid_engine import RapidEngine
 
 
 @dataclass
@@ -104,7 +104,7 @@ class BatchRunner:
     ) -> int:
         """Plan a call now (bad input raises here); its prefill runs in the next steps, a
         chunk a step, and then it decodes. Returns its id."""
-        from .engine import _call_options
+        from rapid_integrations.engine.rapid_engine import _call_options
 
         call_id = next(self._ids)
         deltas: list[Delta] = []

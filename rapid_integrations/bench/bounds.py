@@ -30,7 +30,8 @@ from typing import Any, cast
 import torch
 from transformers import PreTrainedModel
 
-from ..config import RapidConfig
+from rapid_integrations.config import RapidConfig
+
 from .methods import LLAMA_METHODS, PROMPT_LOOKUP_TOKENS
 from .model_draft import StepCosts, best_model_draft
 

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..demo_data import demo_messages
-from ..retrieval.base import TokenizerLike
+from rapid_integrations.demo_data import demo_messages
+from rapid_integrations.retrieval.base import TokenizerLike
+
 from .dataset import CITIES, RESERVE_FRACTION, RESERVE_TOKENS, _document, _subject, haystack_pool
 
 LENGTHS = (4096, 8192)
@@ -100,7 +101,7 @@ def run_constrained(
     max_new_tokens: int = 64,
 ) -> list[dict[str, Any]]:
     """One record per (task, method): greedy decoding under `RECORD_SCHEMA`."""
-    from ..grammar import Grammar
+    from rapid_integrations.structured_output.grammar import Grammar
 
     grammar = Grammar.json_schema(RECORD_SCHEMA)
     engine.generate(tasks[0].messages[-1:], mode="lc", grammar=grammar, max_new_tokens=4)  # warm

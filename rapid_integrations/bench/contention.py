@@ -26,8 +26,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import Mode
-from ..threads import ENV, usable_cpus
+from rapid_integrations.config import Mode
+from rapid_integrations.runtime.threads import ENV, usable_cpus
+
 from .dataset import build_tasks
 from .tables import _fmt, _table
 

@@ -24,9 +24,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..demo_data import demo_messages
-from ..errors import RapidConfigError
-from ..retrieval.base import TokenizerLike, count_tokens
+from rapid_integrations.demo_data import demo_messages
+from rapid_integrations.errors import RapidConfigError
+from rapid_integrations.retrieval.base import TokenizerLike, count_tokens
+
 from .haystack import stdlib_paragraphs
 
 TASK_KINDS = ("single", "two", "chat")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import RapidConfig
+from rapid_integrations.config import RapidConfig
+
 from .summary import TASK_ALL, Record, find_row, lc_key, mean
 
 GIB = 1024**3

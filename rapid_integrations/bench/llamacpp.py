@@ -27,9 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import ContextWindowExceededError, RapidConfigError, VocabularyMismatchError
-from ..models import default_gguf_path
-from ..tokens import Detokenizer
+from rapid_integrations.errors import (
+    ContextWindowExceededError,
+    RapidConfigError,
+    VocabularyMismatchError,
+)
+from rapid_integrations.models.loading import default_gguf_path
+from rapid_integrations.tokens import Detokenizer
 
 log = logging.getLogger(__name__)
 

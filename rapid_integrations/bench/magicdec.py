@@ -16,7 +16,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 
-from ..engine import RapidEngine
+from rapid_integrations.engine.rapid_engine import RapidEngine
 
 SINKS = 16
 """Prompt tokens kept at the start: the attention sinks."""

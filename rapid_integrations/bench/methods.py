@@ -26,10 +26,11 @@ import torch
 from transformers import GenerationMixin, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
-from ..config import Mode
-from ..engine import RapidEngine
-from ..outputs import RapidStats
-from ..tokens import Detokenizer, encode_prompt
+from rapid_integrations.config import Mode
+from rapid_integrations.engine.rapid_engine import RapidEngine
+from rapid_integrations.output.outputs import RapidStats
+from rapid_integrations.tokens import Detokenizer, encode_prompt
+
 from . import llamacpp, magicdec
 from .probe import (
     DecodeTimings,

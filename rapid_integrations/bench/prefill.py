@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from transformers import PreTrainedModel
 
-from ..kv import KVState
+from rapid_integrations.runtime.kv import KVState
 
 if TYPE_CHECKING:
-    from ..engine import RapidEngine
+    from rapid_integrations.engine.rapid_engine import RapidEngine
 
 MATMUL_SIZE = 2048
 MATMUL_REPEATS = 5

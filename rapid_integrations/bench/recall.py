@@ -19,11 +19,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..config import RapidConfig
-from ..prompts import prepare_draft_prompt
-from ..retrieval.base import TokenizerLike, count_text_tokens, count_tokens
-from ..retrieval.embedding import SentenceTransformerEmbedder
-from ..retrieval.faiss_retriever import FaissContextRetriever
+from rapid_integrations.config import RapidConfig
+from rapid_integrations.engine.prompts import prepare_draft_prompt
+from rapid_integrations.retrieval.base import TokenizerLike, count_text_tokens, count_tokens
+from rapid_integrations.retrieval.embedding import SentenceTransformerEmbedder
+from rapid_integrations.retrieval.faiss_retriever import FaissContextRetriever
+
 from .haystack import stdlib_paragraphs
 
 BUDGETS = (256, 512, 1024, 2048)
@@ -138,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
-    from ..models import ensure_default_model
+    from rapid_integrations.models.loading import ensure_default_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_default_model()))
     print(

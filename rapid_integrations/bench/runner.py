@@ -31,15 +31,21 @@ import transformers
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from ..compiled import CompiledDecode
-from ..config import DRAFT_PRECISIONS, TARGET_PRECISIONS, RapidConfig, check_choice
-from ..engine import RapidEngine
-from ..errors import RapidConfigError
-from ..kv import pass_seconds
-from ..models import LoadOptions, ensure_default_model, load_model, resolve_dtype
-from ..prompts import prepare_draft_prompt
-from ..retrieval.base import ContextRetriever
-from ..tokens import encode_prompt
+from rapid_integrations.config import DRAFT_PRECISIONS, TARGET_PRECISIONS, RapidConfig, check_choice
+from rapid_integrations.engine.prompts import prepare_draft_prompt
+from rapid_integrations.engine.rapid_engine import RapidEngine
+from rapid_integrations.errors import RapidConfigError
+from rapid_integrations.models.loading import (
+    LoadOptions,
+    ensure_default_model,
+    load_model,
+    resolve_dtype,
+)
+from rapid_integrations.retrieval.base import ContextRetriever
+from rapid_integrations.runtime.compiled import CompiledDecode
+from rapid_integrations.runtime.kv import pass_seconds
+from rapid_integrations.tokens import encode_prompt
+
 from . import llamacpp
 from .bounds import Device, attach_bounds, read_bytes_per_second, weights_read_bytes, widest_pass
 from .dataset import CONTEXT_LENGTHS, TASK_KINDS, Task, build_tasks

@@ -16,9 +16,10 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from ..config import check_choice
-from ..demo_data import demo_messages
-from ..retrieval.base import TokenizerLike
+from rapid_integrations.config import check_choice
+from rapid_integrations.demo_data import demo_messages
+from rapid_integrations.retrieval.base import TokenizerLike
+
 from .dataset import Pool, Task, build_tasks, content_budget, haystack_pool, pick_paragraphs
 
 SPEED_KINDS = ("single", "rewrite")

@@ -31,10 +31,11 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..config import check_choice
-from ..demo_data import demo_messages
-from ..errors import RapidConfigError
-from ..retrieval.base import TokenizerLike, count_tokens
+from rapid_integrations.config import check_choice
+from rapid_integrations.demo_data import demo_messages
+from rapid_integrations.errors import RapidConfigError
+from rapid_integrations.retrieval.base import TokenizerLike, count_tokens
+
 from .dataset import (
     ADJECTIVES,
     CHAT_TURN_TOKENS,

@@ -17,7 +17,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..retrieval.base import TokenizerLike, count_text_tokens
+from rapid_integrations.retrieval.base import TokenizerLike, count_text_tokens
+
 from .dataset import haystack_pool, pick_paragraphs
 
 TEXT_KINDS = ("docs", "story", "logs")

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from .config import FIELD_NAMES, Mode, check_mode
-from .errors import RapidConfigError
+from rapid_integrations.config import FIELD_NAMES, Mode, check_mode
+from rapid_integrations.errors import RapidConfigError
 
 if TYPE_CHECKING:
-    from .grammar import Grammar
-    from .tokens import Prompt
+    from rapid_integrations.structured_output.grammar import Grammar
+    from rapid_integrations.tokens import Prompt
 
 
 class _Unset(enum.Enum):

@@ -24,19 +24,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard, cast
 
-from .config import RapidConfig
-from .errors import RapidInputError, RetrievalError
-from .retrieval.base import (
+from rapid_integrations.config import RapidConfig
+from rapid_integrations.errors import RapidInputError, RetrievalError
+from rapid_integrations.retrieval.base import (
     ContextRetriever,
     TokenizerLike,
     count_text_tokens,
     count_tokens,
     default_budget,
 )
-from .retrieval.faiss_retriever import FaissContextRetriever
-from .retrieval.guard import call_retriever
-from .retrieval.packing import Passage, join_passages, pack_passages
-from .retrieval.splitting import PromptSplit, default_query, split_prompt
+from rapid_integrations.retrieval.faiss_retriever import FaissContextRetriever
+from rapid_integrations.retrieval.guard import call_retriever
+from rapid_integrations.retrieval.packing import Passage, join_passages, pack_passages
+from rapid_integrations.retrieval.splitting import PromptSplit, default_query, split_prompt
 
 Messages = list[dict[str, Any]]
 PromptLike = str | Sequence[Mapping[str, Any]] | Sequence[int] | PromptSplit

@@ -23,13 +23,15 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .attention import use_rapid_attention
-from .call_options import ENGINE_RETRIEVER, CallOptions
-from .compiled import compile_decode
-from .config import DRAFT_PRECISIONS, TARGET_PRECISIONS, Mode, RapidConfig, check_choice
-from .constraints import Constraints
-from .drafting import LookupFirst, LookupProposer, ModelProposer, Proposer, token_price
-from .errors import (
+from rapid_integrations.config import (
+    DRAFT_PRECISIONS,
+    TARGET_PRECISIONS,
+    Mode,
+    RapidConfig,
+    check_choice,
+)
+from rapid_integrations.engine.call_options import ENGINE_RETRIEVER, CallOptions
+from rapid_integrations.errors import (
     ContextWindowExceededError,
     DeviceOutOfMemoryError,
     GrammarError,
@@ -37,9 +39,7 @@ from .errors import (
     RapidInputError,
     VocabularyMismatchError,
 )
-from .kv import Feed, Forwards, KVState, check_cache_layout
-from .logprobs import LogprobScorer, token_bytes
-from .models import (
+from rapid_integrations.models.loading import (
     LoadOptions,
     config_window,
     draft_precision_for,
@@ -49,15 +49,33 @@ from .models import (
     lower_precision_copy,
     target_precision_for,
 )
-from .outputs import Delta, FinishReason, RapidOutput, RapidStats, RapidStream
-from .prefix_cache import PrefixCache
-from .schedule import BatchSeat, GammaSchedule
-from .schedule_memory import ScheduleMemory, schedule_key
-from .sections import Gate, Sections, is_empty
-from .threads import configure_torch_threads, follow_load
-from .tokens import Prompt, encode_prompt, is_chat, stop_token_ids
-from .tools import Tools, prepare_messages
-from .verify import verdict
+from rapid_integrations.output.logprobs import LogprobScorer, token_bytes
+from rapid_integrations.output.outputs import (
+    Delta,
+    FinishReason,
+    RapidOutput,
+    RapidStats,
+    RapidStream,
+)
+from rapid_integrations.runtime.attention import use_rapid_attention
+from rapid_integrations.runtime.compiled import compile_decode
+from rapid_integrations.runtime.kv import Feed, Forwards, KVState, check_cache_layout
+from rapid_integrations.runtime.prefix_cache import PrefixCache
+from rapid_integrations.runtime.threads import configure_torch_threads, follow_load
+from rapid_integrations.sample.verify import verdict
+from rapid_integrations.spec_decode.drafting import (
+    LookupFirst,
+    LookupProposer,
+    ModelProposer,
+    Proposer,
+    token_price,
+)
+from rapid_integrations.spec_decode.schedule import BatchSeat, GammaSchedule
+from rapid_integrations.spec_decode.schedule_memory import ScheduleMemory, schedule_key
+from rapid_integrations.structured_output.constraints import Constraints
+from rapid_integrations.structured_output.sections import Gate, Sections, is_empty
+from rapid_integrations.structured_output.tools import Tools, prepare_messages
+from rapid_integrations.tokens import Prompt, encode_prompt, is_chat, stop_token_ids
 
 _DRAFT_OPTIONS = (
     "draft_device",
@@ -69,7 +87,7 @@ _DRAFT_OPTIONS = (
 """Constructor arguments `from_default` passes through beside the `RapidConfig` fields."""
 
 if TYPE_CHECKING:
-    from .grammar import Grammar, GrammarCompiler
+    from rapid_integrations.structured_output.grammar import Grammar, GrammarCompiler
 
 _Y = TypeVar("_Y")
 _S = TypeVar("_S")
@@ -631,7 +649,7 @@ class RapidEngine:
             grammar = tools.grammar(self.tokenizer)
         if grammar is None:
             return None
-        from .grammar import Grammar
+        from rapid_integrations.structured_output.grammar import Grammar
 
         if not isinstance(grammar, Grammar):
             raise GrammarError(
@@ -650,7 +668,7 @@ class RapidEngine:
     def _grammars(self) -> GrammarCompiler:
         """The engine's grammar compiler, made on first use (xgrammar loads only then)."""
         if self._grammar_compiler is None:
-            from .grammar import GrammarCompiler
+            from rapid_integrations.structured_output.grammar import GrammarCompiler
 
             self._grammar_compiler = GrammarCompiler(
                 self.tokenizer, self.vocab_size, self.eos_token_ids
@@ -750,7 +768,7 @@ class RapidEngine:
         mode: Mode,
     ) -> tuple[Prompt, Mode]:
         """Build the draft prompt by retrieval; returns it and the mode to run (lc on fallback)."""
-        from .prompts import prepare_draft_prompt
+        from rapid_integrations.engine.prompts import prepare_draft_prompt
 
         source = (
             prompt

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import DRAFT_COPIES, DTYPES, check_choice, one_of
-from .errors import ModelNotFoundError, RapidConfigError
-from .quiet import loading_bars
+from rapid_integrations.config import DRAFT_COPIES, DTYPES, check_choice, one_of
+from rapid_integrations.errors import ModelNotFoundError, RapidConfigError
+from rapid_integrations.quiet import loading_bars
 
 if TYPE_CHECKING:
     import torch
@@ -341,7 +341,7 @@ def draft_precision_for(draft: PreTrainedModel, precision: str, self_draft: bool
     elsewhere (a separate draft model, a GPU)."""
     import torch
 
-    from .weight_only import INT4_KERNEL, has_kernel
+    from rapid_integrations.models.weight_only import INT4_KERNEL, has_kernel
 
     if precision != "auto":
         return precision
@@ -416,7 +416,7 @@ def _weight_only(model: PreTrainedModel, precision: str, name: str) -> PreTraine
     (`RapidConfigError(name)`)."""
     import copy
 
-    from .weight_only import (
+    from rapid_integrations.models.weight_only import (
         INT4_KERNEL,
         INT8_KERNEL,
         has_kernel,
@@ -447,7 +447,7 @@ def _bf16_weight(model: PreTrainedModel, name: str) -> PreTrainedModel:
     (`weight_only.Bf16WeightLinear`), sharing its other weights."""
     import torch
 
-    from .weight_only import bf16_weight_only
+    from rapid_integrations.models.weight_only import bf16_weight_only
 
     if model.dtype != torch.float32:
         raise RapidConfigError(
@@ -588,7 +588,3 @@ def default_embedder(device: str | None = None) -> SentenceTransformer:
 
     with loading_bars():
         return SentenceTransformer(str(default_embedder_path()), device=device or "cpu")
-
-
-if __name__ == "__main__":
-    print(ensure_default_model())

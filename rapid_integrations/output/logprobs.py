@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from .config import RapidConfig
-from .outputs import TokenLogprob
-from .verify import p_hat_rows
+from rapid_integrations.config import RapidConfig
+from rapid_integrations.output.outputs import TokenLogprob
+from rapid_integrations.sample.verify import p_hat_rows
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

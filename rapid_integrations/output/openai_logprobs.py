@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .outputs import TokenLogprob
+from rapid_integrations.output.outputs import TokenLogprob
 
 JSON_FLOOR = -9999.0
 """What a log-probability of -inf is reported as in JSON, which has no infinity (vLLM's)."""

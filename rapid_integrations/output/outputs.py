@@ -7,7 +7,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .tools import ToolCall
+from rapid_integrations.structured_output.tools import ToolCall
 
 FinishReason = Literal["eos", "stop", "length", "tool_calls"]
 

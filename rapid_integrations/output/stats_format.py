@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .outputs import RapidOutput, RapidStats
+from rapid_integrations.output.outputs import RapidOutput, RapidStats
 
 
 def format_stats(out: RapidOutput) -> str:

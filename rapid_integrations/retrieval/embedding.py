@@ -110,12 +110,12 @@ def _digest(text: str) -> bytes:
 def _load_model(spec: Any, device: str) -> SentenceTransformer:
     from sentence_transformers import SentenceTransformer
 
-    from ..quiet import loading_bars
+    from rapid_integrations.quiet import loading_bars
 
     if isinstance(spec, SentenceTransformer):
         return spec
     if spec is None:
-        from ..models import default_embedder_path
+        from rapid_integrations.models.loading import default_embedder_path
 
         spec = default_embedder_path()
     with loading_bars():

@@ -14,7 +14,7 @@ from .embedding import EmbedderSpec, get_embedder
 from .packing import SEPARATOR, Passage, trim_to_budget
 
 if TYPE_CHECKING:
-    from ..config import RapidConfig
+    from rapid_integrations.config import RapidConfig
 
 WINDOW_TOKENS = 64
 """Chunks longer than this are embedded as several windows and scored by their best window.

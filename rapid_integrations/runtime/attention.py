@@ -44,7 +44,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.utils.import_utils import is_torch_greater_or_equal
 
-from .weight_only import NATIVE_BF16
+from rapid_integrations.models.weight_only import NATIVE_BF16
 
 NAME = "rapid_decode"
 LAYOUT = "rapid_layout"

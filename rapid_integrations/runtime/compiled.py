@@ -31,8 +31,8 @@ import torch
 import torch._dynamo.config
 from transformers import DynamicCache, PreTrainedModel
 
-from .errors import RapidConfigError
-from .kv import BufferedLayer, KVState, cache_param
+from rapid_integrations.errors import RapidConfigError
+from rapid_integrations.runtime.kv import BufferedLayer, KVState, cache_param
 
 REGISTRY = "_CAN_RECORD_REGISTRY"
 """transformers' dict of model classes (`utils/output_capturing.py`), read by every forward."""

@@ -15,9 +15,9 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
 
-from .attention import LAYOUT, NAME
-from .errors import RapidConfigError
-from .prefix_cache import KV, PrefixCache, storage_bytes
+from rapid_integrations.errors import RapidConfigError
+from rapid_integrations.runtime.attention import LAYOUT, NAME
+from rapid_integrations.runtime.prefix_cache import KV, PrefixCache, storage_bytes
 
 _R = TypeVar("_R")
 

@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import RapidConfigError
+from rapid_integrations.errors import RapidConfigError
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from .errors import NumericalError
+from rapid_integrations.errors import NumericalError
 
 
 def check_finite(logits: torch.Tensor, source: str = "the model") -> None:

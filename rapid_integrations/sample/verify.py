@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import RapidConfig
-from .sampling import (
+from rapid_integrations.config import RapidConfig
+from rapid_integrations.sample.sampling import (
     accepted_count,
     check_finite,
     confidence_guard,

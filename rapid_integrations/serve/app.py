@@ -8,7 +8,7 @@
     GET  /health                liveness; the only route open without the API key
 
 Each request takes a slot of the `SequenceQueue` per choice (`n`; `max_running` slots: the
-batch size), then its calls join the server's batch (`rapid_integrations.batcher.Batcher`: one
+batch size), then its calls join the server's batch (`rapid_integrations.batching.batcher.Batcher`: one
 forward pass per model and step for every running call). Where the engine's models cannot be
 packed, each request decodes in a worker thread of its own instead (`aio.aiter_in_thread`),
 its choices one after another. The engine plans the call before
@@ -35,12 +35,13 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette import EventSourceResponse
 
-from ..aio import aiter_in_thread
-from ..batcher import Batcher, Event, Gauges
-from ..call_options import CallOptions
-from ..engine import RapidEngine
-from ..errors import RapidConfigError
-from ..outputs import Delta, RapidOutput
+from rapid_integrations.adapters.aio import aiter_in_thread
+from rapid_integrations.batching.batcher import Batcher, Event, Gauges
+from rapid_integrations.engine.call_options import CallOptions
+from rapid_integrations.engine.rapid_engine import RapidEngine
+from rapid_integrations.errors import RapidConfigError
+from rapid_integrations.output.outputs import Delta, RapidOutput
+
 from .calls import (
     FINISH_REASONS,
     EngineCall,

@@ -33,13 +33,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from ..call_options import CallOptions
-from ..config import MAX_TOP_LOGPROBS, RapidConfig
-from ..errors import GrammarError, RapidConfigError, RapidError
-from ..openai_logprobs import openai_chat_logprobs, openai_completion_logprobs
-from ..outputs import CallFragment, Delta, RapidOutput, TokenLogprob
-from ..tokens import Prompt
-from ..tools import Tools
+from rapid_integrations.config import MAX_TOP_LOGPROBS, RapidConfig
+from rapid_integrations.engine.call_options import CallOptions
+from rapid_integrations.errors import GrammarError, RapidConfigError, RapidError
+from rapid_integrations.output.openai_logprobs import (
+    openai_chat_logprobs,
+    openai_completion_logprobs,
+)
+from rapid_integrations.output.outputs import CallFragment, Delta, RapidOutput, TokenLogprob
+from rapid_integrations.structured_output.tools import Tools
+from rapid_integrations.tokens import Prompt
+
 from .collection import Collection
 from .errors import ServeError, unsupported
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, _Request
@@ -238,7 +242,9 @@ def _response_format(request: ChatCompletionRequest) -> dict[str, Any]:
         raise unsupported(
             "response_format", "cannot be combined with tools: the tool-call grammar is enforced"
         )
-    from ..grammar import Grammar  # xgrammar loads on first use, as in the engine
+    from rapid_integrations.structured_output.grammar import (
+        Grammar,  # xgrammar loads on first use, as in the engine
+    )
 
     if response_format.type == "json_object":
         return {"grammar": Grammar.json_object()}

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import RapidInputError
+from rapid_integrations.errors import RapidInputError
 
 if TYPE_CHECKING:
-    from ..engine import RapidEngine
+    from rapid_integrations.engine.rapid_engine import RapidEngine
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
 """Files of a collection folder that are read (in name order)."""
@@ -61,7 +61,7 @@ def read_collection(path: str | Path) -> str:
 def load_collection(name: str, path: str | Path, engine: RapidEngine) -> Collection:
     """Read `path` and index it with the engine's retrieval settings (bundled MiniLM embedder
     unless `retrieval_embedder` says otherwise)."""
-    from ..retrieval import FaissContextRetriever
+    from rapid_integrations.retrieval import FaissContextRetriever
 
     text = read_collection(path)
     return Collection(

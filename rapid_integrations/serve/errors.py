@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from ..errors import (
+from rapid_integrations.errors import (
     ContextWindowExceededError,
     DeviceOutOfMemoryError,
     RapidConfigError,

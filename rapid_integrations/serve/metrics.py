@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ..outputs import RapidOutput
+from rapid_integrations.output.outputs import RapidOutput
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[

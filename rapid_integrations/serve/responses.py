@@ -24,7 +24,8 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from ..outputs import Delta, RapidOutput
+from rapid_integrations.output.outputs import Delta, RapidOutput
+
 from .calls import EngineCall, chat_call, usage
 from .collection import Collection
 from .errors import ServeError, unsupported

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..config import RapidConfig
+from rapid_integrations.config import RapidConfig
+
 from .errors import ServeError
 
 # RapidConfig fields an OpenAI field already sets (temperature, top_p, max_tokens, stop, seed)

@@ -120,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
         from .ray_app import serve_on_ray
 
         return serve_on_ray(settings, args)
-    from ..quiet import loading_bars
+    from rapid_integrations.quiet import loading_bars
+
     from .app import create_app
 
     with loading_bars(args.progress if settings.model else None):  # a named model: a wait

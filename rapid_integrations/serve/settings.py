@@ -7,10 +7,11 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import RapidConfigError
+from rapid_integrations.errors import RapidConfigError
 
 if TYPE_CHECKING:
-    from ..engine import RapidEngine
+    from rapid_integrations.engine.rapid_engine import RapidEngine
+
     from .collection import Collection
 
 API_KEY_ENV = "RAPID_API_KEY"
@@ -58,8 +59,8 @@ class ServeSettings:
 
     def load_engine(self) -> RapidEngine:
         """The engine: `model` (a folder, GGUF or hub id), else the embedded SmolLM2."""
-        from ..engine import RapidEngine
-        from ..models import ensure_default_model
+        from rapid_integrations.engine.rapid_engine import RapidEngine
+        from rapid_integrations.models.loading import ensure_default_model
 
         device, dtype, compiled = self.device, self.dtype, self.compile_draft
         if self.model:

@@ -27,11 +27,11 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedModel
 
-from .config import RapidConfig
-from .constraints import Constraints
-from .kv import Feed, Forwards, KVState, pass_seconds
-from .sampling import check_finite, log_probs
-from .schedule import CopyPrices
+from rapid_integrations.config import RapidConfig
+from rapid_integrations.runtime.kv import Feed, Forwards, KVState, pass_seconds
+from rapid_integrations.sample.sampling import check_finite, log_probs
+from rapid_integrations.spec_decode.schedule import CopyPrices
+from rapid_integrations.structured_output.constraints import Constraints
 
 Find = Callable[[list[int], int], list[int]]
 """Copies continuing the sequence and the given drafts, at most n ids ([] if none):

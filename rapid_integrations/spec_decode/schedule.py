@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .config import RapidConfig
+from rapid_integrations.config import RapidConfig
 
 
 class RunCurve:

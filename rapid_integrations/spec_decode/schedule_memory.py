@@ -18,8 +18,8 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from .config import RapidConfig
-from .schedule import GammaSchedule
+from rapid_integrations.config import RapidConfig
+from rapid_integrations.spec_decode.schedule import GammaSchedule
 
 SCHEDULE_FIELDS = (
     "eta",

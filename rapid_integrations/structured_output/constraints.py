@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .config import RapidConfig
-from .errors import GrammarError, RapidError
-from .sampling import check_finite, penalize
-from .sections import ANSWER, Gate, Place
+from rapid_integrations.config import RapidConfig
+from rapid_integrations.errors import GrammarError, RapidError
+from rapid_integrations.sample.sampling import check_finite, penalize
+from rapid_integrations.structured_output.sections import ANSWER, Gate, Place
 
 if TYPE_CHECKING:
     import xgrammar as xgr

@@ -13,7 +13,7 @@ from typing import Any
 
 import xgrammar as xgr
 
-from .errors import GrammarError
+from rapid_integrations.errors import GrammarError
 
 
 @dataclass(frozen=True)

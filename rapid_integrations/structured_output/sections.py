@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from .config import RapidConfig
-from .outputs import CallFragment, Delta
-from .tokens import Detokenizer, partial_stop_suffix
-from .tools import CALL_CLOSE, CALL_OPEN, ToolCall
+from rapid_integrations.config import RapidConfig
+from rapid_integrations.output.outputs import CallFragment, Delta
+from rapid_integrations.structured_output.tools import CALL_CLOSE, CALL_OPEN, ToolCall
+from rapid_integrations.tokens import Detokenizer, partial_stop_suffix
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

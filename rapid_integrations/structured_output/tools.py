@@ -23,10 +23,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import RapidInputError
+from rapid_integrations.errors import RapidInputError
 
 if TYPE_CHECKING:
-    from .grammar import Grammar
+    from rapid_integrations.structured_output.grammar import Grammar
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESPONSE_OPEN = "<tool_response>"  # how Qwen's template shows a tool result; never answer text
@@ -108,7 +108,7 @@ class Tools:
         """What decoding must match under the tool choice (an xgrammar structural tag), for
         the model behind `tokenizer`: text outside calls never holds the call or result markup,
         and several calls are separated by `call_separator(tokenizer)`."""
-        from .grammar import Grammar
+        from rapid_integrations.structured_output.grammar import Grammar
 
         if self.choice == "none":
             text = {"type": "any_text", "excludes": [CALL_OPEN, RESPONSE_OPEN]}
@@ -139,7 +139,7 @@ class Tools:
 
 def _spec(i: int, tool: object) -> dict[str, Any]:
     """One tool in the OpenAI shape, checked; `parameters` defaults to an empty object."""
-    from .grammar import Grammar
+    from rapid_integrations.structured_output.grammar import Grammar
 
     function = tool.get("function") if isinstance(tool, Mapping) else None
     if (
