@@ -219,7 +219,7 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", type=_ints, help="context lengths, e.g. 2048,4096,8192")
     p.add_argument(
         "--suite",
-        help="task set: standard (default: qa and speed suites) or broad (issue 27's QA suite)",
+        help="task set: standard (default: qa and speed suites) or broad (the broad QA suite)",
     )
     p.add_argument(
         "--split", help="--suite broad: the dev half (default, to choose) or the test half"

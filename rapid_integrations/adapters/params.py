@@ -211,7 +211,7 @@ class LoadSpec:
 
     def __post_init__(self) -> None:
         """The engine's own argument checks, run now: before any weights load."""
-        # The engine's private checker: asked to be made public (issue 12 report).
+        # The engine's private checker, until the engine makes it public.
         from rapid_integrations.engine.rapid_engine import (
             _check_arguments as check_engine_arguments,
         )

@@ -1,4 +1,4 @@
-"""`rapid bench --constrained`: JSON extraction under a schema (issue 11 item 6).
+"""`rapid bench --constrained`: JSON extraction under a schema.
 
 Each task plants 3 facts about one subject (city, founding year, access code) at random
 depths of a long document and asks for them as a JSON record; decoding is constrained to

@@ -35,11 +35,11 @@ SPEEDUP_TARGETS = {
     "speed": {AT_8K: _Target(2.0), 32768: _Target(3.0)},
     "long": {32768: _Target(3.0), 65536: _Target(4.0)},
 }
-"""Decode speedup of rapid over lc: issue 6 on QA answers at 8K; issue 7 on fixed-length
-decoding at 8K and (RoPE-scaled) 32K; issue 14 on the `long` suite at 32K and 64K."""
+"""Decode speedup of rapid over lc: on QA answers at 8K; on fixed-length decoding at 8K and
+(RoPE-scaled) 32K; on the `long` suite at 32K and 64K."""
 MODEL_DRAFT_TARGET = _Target(0.85)
-"""Issue 14: achieved speedup over the model-draft speedup of `bench/model_draft.py` (what
-the model draft's own acceptance would give; not a ceiling: issue 29), from 8K up."""
+"""Achieved speedup over the model-draft speedup of `bench/model_draft.py` (what the model
+draft's own acceptance would give; not a ceiling: lookup copies cost no draft step), from 8K up."""
 
 
 def speed_figures(
@@ -47,10 +47,10 @@ def speed_figures(
 ) -> list[Record]:
     """The figures the benchmark is judged by, each with its value, target and status.
 
-    Issue 6 (QA suite, default eta): accuracy against the better of lc and rag per task kind
+    From the QA suite (default eta): accuracy against the better of lc and rag per task kind
     at the longest length; decode speedup over lc and over transformers prompt lookup;
-    acceptance. Issue 7: time to first token of a second question on the same document;
-    from the speed suite: decode speedup, verify step against a decode step, the share of
+    acceptance. Time to first token of a second question on the same document. From the
+    speed suite: decode speedup, verify step against a decode step, the share of
     decode time outside forward passes, and peak memory against weights + 2 KV + 1 GiB.
     """
     eta = meta.get("default_eta", RapidConfig().eta)
@@ -88,7 +88,7 @@ scratch, and the engine's next call at the same length, which starts from it
 
 
 def _drafting_figures(row: Record, same: list[Record], lc: Record | None) -> list[Record]:
-    """Issue 14 at one length of a speed suite: rapid against its model-draft speedup; the adaptive
+    """At one length of a speed suite: rapid against its model-draft speedup; the adaptive
     variant against the best fixed gamma and against lc; rapid against rapid without the
     lookup proposer."""
     length = row["context_label"]
@@ -253,7 +253,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def _memory_ratio(
     row: Record, meta: dict[str, Any], used: int | None, with_weights: bool
 ) -> float | None:
-    """`used` bytes over issue 7's bound: 2 x the call's KV caches + 1 GiB, plus the weights
+    """`used` bytes over the memory bound: 2 x the call's KV caches + 1 GiB, plus the weights
     when `used` is the whole peak (on CPU the resident set also holds Python, torch and the
     embedder, which the bound does not count; the growth during the call leaves them out)."""
     memory = meta.get("memory_model")

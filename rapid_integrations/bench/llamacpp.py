@@ -1,4 +1,4 @@
-"""llama.cpp as a bench contender (issue 29 item 1), through llama-cpp-python.
+"""llama.cpp as a bench contender, through llama-cpp-python.
 
 The methods `llama.cpp` (greedy) and `llama.cpp-lookup` (its prompt-lookup drafting,
 `LlamaPromptLookupDecoding`) run the very GGUF the engine's default model is converted from

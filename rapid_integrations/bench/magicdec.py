@@ -1,5 +1,5 @@
-"""The `magicdec` bench method: MagicDec-style self-speculation (Chen et al. 2024, issue 29
-item 7). The target drafts for itself over a StreamingLLM cache, the attention sinks and a
+"""The `magicdec` bench method: MagicDec-style self-speculation (Chen et al. 2024), a
+retrieval-free baseline. The target drafts for itself over a StreamingLLM cache, the attention sinks and a
 recent window of the prompt (Xiao et al. 2023), and the full target verifies at eta 0.
 
 The engine already verifies any draft context given as ids (mode "rapid", docs/algorithm.md

@@ -15,7 +15,7 @@ The model-draft speedup is the best speedup over gamma in [0, max_gamma] (gamma 
 1: the engine can always fall back to it). `kv.pass_seconds` times the passes with a few
 forward passes at the run's own context length.
 
-It is not a ceiling (issue 29): RAPID passes it with lookup copies, which cost no draft step,
+It is not a ceiling: RAPID passes it with lookup copies, which cost no draft step,
 and with an adaptive gamma, whose acceptance differs from the fixed gamma's. The bounds no
 drafter can pass are in `bench/bounds.py` (docs/algorithm.md section 2.12).
 """

@@ -89,7 +89,7 @@ slower than a plain target step (docs/algorithm.md section 2.9). No confidence s
 eta > 0 the target leans toward the draft, so doubtful drafts are still kept (measured in
 docs/performance.md, "Why these defaults")."""
 FALLBACK = (("speculate_min_context", "auto"),)
-"""The measured fallback alone (issue 29's candidate default): gamma stays fixed, and the call
+"""The measured fallback alone (a candidate default): gamma stays fixed, and the call
 stops drafting where its passes measure slower than a plain target step (section 2.11)."""
 NO_LOOKUP = (("lookup_ngram", 0),)
 DRAFT_CONFIDENCE = (("eta_rule", "draft-confidence"),)
@@ -305,7 +305,7 @@ BROAD: dict[str, Any] = {
     "kinds": QUESTION_KINDS,
     "per_cell": 10,
 }
-"""`--suite broad`: the candidates of issue 27 on one split (`--split dev`, the default, to
+"""`--suite broad`: the QA candidates on one split (`--split dev`, the default, to
 choose; `--split test` once per chosen candidate): lc, rag, rapid at eta 0, 2, 5, 10, 20 with
 the confidence guard and at eta 5, 10, 20 without it (`paper`), 10 tasks per (text kind,
 question kind) at 2K, 4K, 8K in turn."""

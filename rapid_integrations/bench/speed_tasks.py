@@ -5,7 +5,7 @@
 * ``rewrite``: free-form writing over the same haystack: the document at the nominal length
   and the instruction to rewrite one of its paragraphs in other words, so a good answer
   copies no run of the prompt (the case where copies cannot help and drafting rests on the
-  model draft alone; issue 29 item 6).
+  model draft alone, where the default must still not lose to lc).
 
 Tasks are drawn from `random.Random` of (seed, kind, length) alone, so a task does not change
 when other kinds or lengths are added. Imports nothing heavy (no torch, no model).
