@@ -1,4 +1,4 @@
-"""Issue 27's broad QA sweep in parallel: one `rapid bench --suite broad` per (text kind,
+"""The broad QA sweep in parallel: one `rapid bench --suite broad` per (text kind,
 question kind) cell, several cells at once, then one report per half from all of them.
 
 Why: the sweep is thousands of calls, and a call's decode step on a GPU is bound by its host
@@ -37,7 +37,7 @@ PHASES: dict[str, list[str]] = {
         *("--variants", "off-topic,draft-confidence+off-topic", "--variant-etas", "5,20"),
     ],
 }
-"""The candidates of issue 27 (lc, rag, rapid with the confidence guard at eta 5, 10, 20, the
+"""The broad QA candidates (lc, rag, rapid with the confidence guard at eta 5, 10, 20, the
 paper's p_hat without it and the draft-confidence rule at eta 10, 20), on each half; then
 RAPID with an off-topic C^S (`bench/off_topic.py`) on the test half."""
 

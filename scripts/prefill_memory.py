@@ -1,4 +1,4 @@
-"""Peak memory and time of one long prefill, alone in its process (issue 29's memory figure).
+"""Peak memory and time of one long prefill, alone in its process (the bench's memory bound).
 
 Loads the embedded model, YaRN-stretched past its 8K window when the prompt needs it, reads a
 prompt of `--tokens` tokens of the bench's haystack text and decodes 4 tokens. It prints the

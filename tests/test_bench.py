@@ -432,7 +432,7 @@ def test_bench_smoke_run_writes_results_table_and_plots(tmp_path, capsys):
         assert (out / name).read_bytes().startswith(b"\x89PNG")
 
 
-# ---- issue 14 presets on tiny random models -------------------------------------------------
+# ---- bench presets on tiny random models ----------------------------------------------------
 
 LONG_FIELDS = {
     "method",

@@ -1,4 +1,4 @@
-"""The broad QA suite (issue 27): generators, splits, scoring rules, settings, a tiny run."""
+"""The broad QA suite: generators, splits, scoring rules, settings, a tiny run."""
 
 from __future__ import annotations
 

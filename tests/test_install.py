@@ -1,4 +1,4 @@
-"""Installing beside the Hugging Face integrations users migrate from (issue 12 item 6).
+"""Installing beside the Hugging Face integrations users migrate from.
 
 langchain-huggingface caps huggingface-hub below 2. Where pip may pick hub 2.x, it falls back
 to langchain-huggingface 0.3 and quietly downgrades langchain-core to 0.3 (seen with

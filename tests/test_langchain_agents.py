@@ -33,7 +33,7 @@ def check_tool_loop(messages: list[BaseMessage], tool: Any, value: str) -> None:
     assert result.content == tool.invoke(call["args"])  # valid arguments, really run
     assert value in result.content
     assert not answer.tool_calls and value in answer.content
-    assert "<" not in answer.content  # no call or result markup copied (issue 30 item 7)
+    assert "<" not in answer.content  # no call or result markup copied
 
 
 def _check_bind_tools(ns: dict[str, Any]) -> None:

@@ -35,7 +35,7 @@ PAGE = DOCS / "migration.md"
 PROMPT = "abc def"
 TURN = [{"role": "user", "content": PROMPT}]
 NONE = "—"
-# RapidConfig's top_k / min_p / repetition_penalty are helper hc's (issue 12 item 4).
+# The tests that need RapidConfig's top_k / min_p / repetition_penalty skip where it lacks them.
 HAS_FILTERS = "top_k" in {f for f in RapidConfig.__dataclass_fields__}
 
 

@@ -259,8 +259,8 @@ def test_a_tool_result_turn_is_rendered_as_the_engine_does(
 @pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_smol_required_ends_with_tool_calls_after_its_call(stream: bool) -> None:
-    """Issue 30 item 7: over the API, SmolLM2 under tool_choice "required" (parallel calls
-    allowed) wrote its call twice, so max_tokens=64 returned one call with finish_reason
+    """Over the API, SmolLM2 under tool_choice "required" (parallel calls allowed) once
+    wrote its call twice, so max_tokens=64 returned one call with finish_reason
     "length"; now decoding ends after the call (docs/algorithm.md section 11)."""
     from rapid_integrations.models.loading import ensure_default_model
 

@@ -204,10 +204,10 @@ def tool_template_tokenizer():
 
 @pytest.mark.parametrize("native", [False, True], ids=["plain template", "tool template"])
 def test_required_calls_follow_each_other_as_the_template_writes_them(engine, native):
-    """Issue 30 item 7: under "required", a template without tool support gets its calls back
-    to back, so that right after `</tool_call>` the model chooses between the end and `<`
-    of another call, never a newline it would read as more text; a template that renders
-    tools keeps Qwen's newline between calls. After each complete call the end is allowed."""
+    """Under "required", a template without tool support gets its calls back to back, so
+    that right after `</tool_call>` the model chooses between the end and `<` of another
+    call, never a newline it would read as more text; a template that renders tools keeps
+    Qwen's newline between calls. After each complete call the end is allowed."""
     tok = tool_template_tokenizer() if native else engine.tokenizer
     call = CALL_OPEN + '\n{"name": "add", "arguments": {"a": 3}}\n</tool_call>'
     matcher = engine._grammars().matcher(Tools.parse(TOOLS, "required").grammar(tok))
@@ -348,7 +348,7 @@ def test_a_template_that_renders_tools_gets_them(ttok, ttarget):
 
 
 def test_the_draft_prompt_keeps_the_tool_system_message(ttok):
-    """Issue 11 item 6: the draft reads the retrieved context plus the same tool specs."""
+    """The draft reads the retrieved context plus the same tool specs."""
     document = " ".join(f"fact {i} is {i * 7}." for i in range(300))
     chat = [{"role": "user", "content": f"{document}\n\nquestion: what is fact 3"}]
     messages, _ = prepare_messages(chat, Tools.parse(TOOLS), ttok)
@@ -430,7 +430,7 @@ QUESTION = [{"role": "user", "content": "What is 23 times 37?"}]
 
 @pytest.mark.slow
 def test_smol_required_ends_after_its_call(smol_engine):
-    """Issue 30 item 7: with a newline between calls, SmolLM2 wrote the call twice (the
+    """With a newline between calls, SmolLM2 wrote the call twice (the
     newline it prefers after `</tool_call>` forced a second call), so 64 tokens cut the
     repeat off with finish_reason "length". Back to back, it ends after the call."""
     out = smol_engine.generate(
@@ -444,7 +444,7 @@ def test_smol_required_ends_after_its_call(smol_engine):
 @pytest.mark.slow
 @pytest.mark.parametrize("question", ["What is 23 times 37?", "What is 23 * 37?"])
 def test_smol_answer_after_a_tool_result_has_no_markup(smol_engine, question):
-    """Issue 30 item 7: shown its result as `<tool_response>...</tool_response>`, SmolLM2
+    """Shown its result as `<tool_response>...</tool_response>`, SmolLM2
     answered with that markup; in prose, without the call instructions under "none", it
     answers in text."""
     call = {"id": "call_1", "type": "function"}
