@@ -1,4 +1,4 @@
-"""The real LangChain chains of the issue, run as docs/langchain.md shows them, on SmolLM2.
+"""Real LangChain chains, run as docs/langchain.md shows them, on SmolLM2.
 
 The page is executed like a notebook: one namespace, one section per test, with `document`
 preset to a long text with a planted fact. Each section's results are checked here, so the

@@ -1,4 +1,4 @@
-"""The figures the benchmark is judged by: each value against its issue's target."""
+"""The figures the benchmark is judged by: each value against its target."""
 
 from __future__ import annotations
 
