@@ -59,6 +59,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	MYPY_CACHE_DIR=$(MYPY_CACHE_DIR) $(VENV)/bin/mypy  # the packages [tool.mypy] lists
+	$(VENV)/bin/lint-imports  # the layer contract, [tool.importlinter] in pyproject.toml
 
 bench-quick: setup
 	$(VENV)/bin/rapid bench --quick --out bench-out

@@ -28,9 +28,9 @@ from rapid_integrations.output.outputs import (
     RapidOutput,
     RapidStats,
     RapidStream,
+    ToolCall,
 )
 from rapid_integrations.quiet import install as _quiet_start
-from rapid_integrations.structured_output.tools import ToolCall
 
 _quiet_start()  # third-party warnings off stderr unless asked for (quiet.py)
 

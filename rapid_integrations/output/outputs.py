@@ -3,13 +3,38 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rapid_integrations.structured_output.tools import ToolCall
-
 FinishReason = Literal["eos", "stop", "length", "tool_calls"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed call: `id` like "call_<hex>", the tool's `name`, its `arguments`.
+
+    `arguments_json`: the arguments' JSON text, as the model wrote it when it came from the
+    output (what its streamed `CallFragment`s concatenate to), else `json.dumps(arguments)`;
+    `to_openai` sends exactly it."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    arguments_json: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.arguments_json:
+            object.__setattr__(self, "arguments_json", json.dumps(self.arguments))
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI `tool_calls` entry (arguments as a JSON string)."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments_json},
+        }
 
 
 @dataclass

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from rapid_integrations.config import RapidConfig
-from rapid_integrations.output.outputs import CallFragment, Delta
-from rapid_integrations.structured_output.tools import CALL_CLOSE, CALL_OPEN, ToolCall
+from rapid_integrations.output.outputs import CallFragment, Delta, ToolCall
+from rapid_integrations.structured_output.tools import CALL_CLOSE, CALL_OPEN
 from rapid_integrations.tokens import Detokenizer, partial_stop_suffix
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rapid_integrations.errors import RapidInputError
@@ -42,32 +42,6 @@ SYSTEM_PROMPT = (
 # not trained on the markup copies a `<tool_response>` turn into its answer (section 11).
 RESULT_TURN = "Here is the result of {name}: {content}"
 _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One parsed call: `id` like "call_<hex>", the tool's `name`, its `arguments`.
-
-    `arguments_json`: the arguments' JSON text, as the model wrote it when it came from the
-    output (what its streamed `CallFragment`s concatenate to), else `json.dumps(arguments)`;
-    `to_openai` sends exactly it."""
-
-    id: str
-    name: str
-    arguments: dict[str, Any]
-    arguments_json: str = field(default="", compare=False)
-
-    def __post_init__(self) -> None:
-        if not self.arguments_json:
-            object.__setattr__(self, "arguments_json", json.dumps(self.arguments))
-
-    def to_openai(self) -> dict[str, Any]:
-        """The OpenAI `tool_calls` entry (arguments as a JSON string)."""
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments_json},
-        }
 
 
 @dataclass(frozen=True)
