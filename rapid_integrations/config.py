@@ -35,6 +35,13 @@ DRAFT_PRECISIONS: tuple[str, ...] = get_args(DraftPrecision)
 TARGET_PRECISIONS: tuple[str, ...] = get_args(TargetPrecision)
 MAX_TOP_LOGPROBS = 20
 """The most alternatives `top_logprobs` may ask for per token (OpenAI's own cap)."""
+SEED_RANGE = (-(2**63), 2**63 - 1)
+"""The seeds a call takes (inclusive): a signed 64-bit integer, OpenAI's range for `seed`.
+`torch.Generator.manual_seed` refuses integers beyond 64 bits, so a wider seed is refused
+here, by name, rather than failing inside the generator."""
+DRAWN_SEEDS = 2**53
+"""An unseeded call draws its seed from [0, DRAWN_SEEDS): JavaScript numbers hold every such
+integer exactly, so a client in any language can send a reported seed back to replay a call."""
 
 
 def one_of(choices: tuple[str, ...]) -> str:
@@ -225,7 +232,11 @@ _CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
         lambda v: isinstance(v, tuple) and all(isinstance(s, str) and s for s in v),
         "must be a string or a sequence of non-empty strings",
     ),
-    ("seed", _optional(_int), "must be an integer or None"),
+    (
+        "seed",
+        _optional(lambda v: _int(v) and SEED_RANGE[0] <= v <= SEED_RANGE[1]),
+        "must be None or an integer in [-2**63, 2**63 - 1]",
+    ),
     ("residual", lambda v: v in RESIDUALS, one_of(RESIDUALS)),
     ("tail_guard", lambda v: v in TAIL_GUARDS, one_of(TAIL_GUARDS)),
     ("eta_rule", lambda v: v in ETA_RULES, one_of(ETA_RULES)),

@@ -27,7 +27,7 @@ BAD_VALUES = {
     "top_p": [0.0, 1.5],
     "max_new_tokens": [0, -3, 1.0],
     "stop": [("",), (3,)],
-    "seed": [1.5, "x"],
+    "seed": [1.5, "x", True, 2**63, -(2**63) - 1, 2**80],
     "residual": ["other"],
     "tail_guard": ["both"],
     "eta_rule": ["confidence", 1],
@@ -165,6 +165,27 @@ def test_stream_equals_generate_and_same_seed_repeats(tok, target, draft):
         deltas = engine.stream("hello kab", "kab", seed=seed)
         assert "".join(d.text for d in deltas.deltas()) == out.text
         assert deltas.output.token_ids == out.token_ids
+
+
+def test_a_drawn_seed_fits_javascript_numbers_and_replays_the_call(tok, target, draft):
+    """An unseeded call reports the seed it drew: below 2**53, so that a JavaScript client
+    (whose numbers are doubles) sends back the same integer, and that seed gives the same
+    tokens again. The seeds at the ends of the accepted range run; one past them is refused
+    by name before anything runs."""
+    engine = RapidEngine(
+        target, draft, tokenizer=tok, config=RapidConfig(temperature=1.0, max_new_tokens=20)
+    )
+    for _ in range(8):
+        out = engine.generate("hello kab", "kab")
+        seed = out.stats.seed
+        assert seed is not None and 0 <= seed < 2**53 and int(float(seed)) == seed
+        assert engine.generate("hello kab", "kab", seed=seed).token_ids == out.token_ids
+    for edge in (-(2**63), 2**63 - 1):
+        assert engine.generate("hello kab", "kab", seed=edge).stats.seed == edge
+    for beyond in (2**63, -(2**63) - 1, 10**30):
+        with pytest.raises(RapidConfigError, match="seed") as err:
+            engine.generate("hello kab", "kab", seed=beyond)
+        assert err.value.field == "seed"
 
 
 def test_context_window_is_enforced_or_truncated(tok):

@@ -25,6 +25,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rapid_integrations.config import (
     DRAFT_PRECISIONS,
+    DRAWN_SEEDS,
     TARGET_PRECISIONS,
     Mode,
     RapidConfig,
@@ -712,7 +713,7 @@ class RapidEngine:
         cfg = self.config.replace(**options.config)
         if mode == "sd":
             cfg = cfg.replace(eta=0.0)
-        seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**62)
+        seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(DRAWN_SEEDS)
         stats = RapidStats(mode=mode, eta=cfg.eta, gamma=cfg.gamma, seed=seed)
         prompt, template = self._with_tools(prompt, tools)
         ids = self._fit(self._encode(prompt, template), self.target, cfg)
