@@ -6,6 +6,7 @@
                                             quality and speed of every method, side by side
     rapid bench --suite broad [--split dev|test] [--quick]
                                             the broad QA suite's candidates on one half
+    rapid bench --suite short [--quick]     short chat and agent prompts: agreement with lc
     rapid serve [--host H] [--port P]       an OpenAI-compatible server (docs/serving.md)
 
 Without --model the embedded SmolLM2-135M-Instruct answers (converted once on first use).
@@ -13,15 +14,18 @@ The answer goes to stdout and the stats to stderr; --json prints one JSON object
 (one per turn in chat).
 
 Exit codes (after sysexits.h): 0 success; 1 another rapid error; 2 bad usage or option value;
-65 the document is empty, not UTF-8 text, or longer than the model's window; 66 the document
+65 the document is empty, not text (undecodable in its encoding, UTF-8 unless --encoding, or
+holding NUL bytes or control characters), or longer than the model's window; 66 the document
 is missing or unreadable; 69 a model is not available; 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -125,12 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.set_defaults(command=None)
     sub = parser.add_subparsers(title="commands")
     ask = sub.add_parser("ask", help="answer one question about a text file")
-    ask.add_argument("file", type=Path, help="UTF-8 text file to read")
+    ask.add_argument("file", type=Path, help="text file to read (UTF-8 unless --encoding)")
     ask.add_argument("-q", "--question", required=True, help="the question to answer")
+    _document_options(ask)
     _generation_options(ask)
     ask.set_defaults(command="ask", run=run_ask)
     chat = sub.add_parser("chat", help="a conversation about a text file (questions on stdin)")
-    chat.add_argument("file", type=Path, help="UTF-8 text file to read")
+    chat.add_argument("file", type=Path, help="text file to read (UTF-8 unless --encoding)")
+    _document_options(chat)
     _generation_options(chat)
     chat.set_defaults(command="chat", run=run_chat)
     bench = sub.add_parser("bench", help="benchmark quality and speed of every method")
@@ -156,6 +162,14 @@ def _common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument(
         "--no-progress", dest="progress", action="store_false", help="hide progress bars"
+    )
+
+
+def _document_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--encoding",
+        default="utf-8",
+        help="the file's text encoding, any Python codec name (default utf-8; e.g. latin-1)",
     )
 
 
@@ -219,7 +233,8 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", type=_ints, help="context lengths, e.g. 2048,4096,8192")
     p.add_argument(
         "--suite",
-        help="task set: standard (default: qa and speed suites) or broad (the broad QA suite)",
+        help="task set: standard (default: qa, short-prompt and speed suites), broad (the "
+        "broad QA suite) or short (the short chat and agent prompts alone)",
     )
     p.add_argument(
         "--split", help="--suite broad: the dev half (default, to choose) or the test half"
@@ -336,21 +351,53 @@ def _silence_progress() -> None:
 # ---- documents and engines ------------------------------------------------------------------
 
 
-def read_document(path: Path) -> str:
-    """The text of `path`; raises `DocumentError` when it is missing, unreadable or empty."""
+# The control characters that file(1) takes as the mark of data, not text: C0 but BEL, BS,
+# whitespace (tab, newlines, VT, FF) and ESC (terminal logs hold those), and DEL. Binary files
+# (PDFs, archives, images, UTF-16 read as UTF-8) hold them.
+_NOT_TEXT = re.compile(r"[\x00-\x06\x0e-\x1a\x1c-\x1f\x7f]")
+
+
+def read_document(path: Path, encoding: str = "utf-8") -> str:
+    """The text of `path` in `encoding`; raises `DocumentError` when it is missing, unreadable,
+    not text in that encoding (undecodable, or holding NUL bytes or control characters), or
+    empty, and `RapidConfigError` for an encoding Python does not know."""
+    try:
+        codecs.lookup(encoding)
+    except LookupError as exc:
+        raise RapidConfigError("encoding", f"unknown text encoding {encoding!r}") from exc
     if not path.exists():
         raise DocumentError(f"{path}: no such file", EXIT_NOINPUT)
     if path.is_dir():
         raise DocumentError(f"{path}: is a directory, not a text file", EXIT_NOINPUT)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding=encoding)
     except UnicodeDecodeError as exc:
-        raise DocumentError(f"{path}: not UTF-8 text ({exc.reason})", EXIT_DATAERR) from exc
+        raise DocumentError(_undecodable(path, encoding, exc), EXIT_DATAERR) from exc
     except OSError as exc:
         raise DocumentError(f"{path}: cannot read: {exc.strerror}", EXIT_NOINPUT) from exc
+    control = _NOT_TEXT.search(text)
+    if control:
+        char = control.group()
+        what = "a NUL byte" if char == "\0" else f"the control character U+{ord(char):04X}"
+        raise DocumentError(
+            f"{path}: not a text file: {what} at character {control.start()}; give a plain "
+            "text file (extract the text of a PDF or word-processor file first)",
+            EXIT_DATAERR,
+        )
     if not text.strip():
         raise DocumentError(f"{path}: the document is empty", EXIT_DATAERR)
     return text
+
+
+def _undecodable(path: Path, encoding: str, exc: UnicodeDecodeError) -> str:
+    """The message for a file that is not text in `encoding`: where it fails, and the two ways
+    to read it (name its encoding, or convert it to UTF-8)."""
+    byte = exc.object[exc.start : exc.start + 1].hex()
+    return (
+        f"{path}: not {encoding.upper()} text (byte 0x{byte} at offset {exc.start}: "
+        f"{exc.reason}); name its encoding, e.g. --encoding latin-1, or convert it to UTF-8: "
+        f"iconv -f latin1 -t utf-8 {path} > {path.stem}-utf8{path.suffix}"
+    )
 
 
 def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -396,7 +443,7 @@ def build_engine(args: argparse.Namespace) -> RapidEngine:
 
 def run_ask(args: argparse.Namespace) -> int:
     """`rapid ask FILE --question Q`: one answer, then its stats."""
-    document = read_document(args.file)
+    document = read_document(args.file, args.encoding)
     if not args.question.strip():
         raise RapidInputError("the question is empty")
     engine = build_engine(args)
@@ -408,7 +455,7 @@ def run_ask(args: argparse.Namespace) -> int:
 
 def run_chat(args: argparse.Namespace) -> int:
     """`rapid chat FILE`: questions from stdin, one per line, until EOF or `quit`."""
-    document = read_document(args.file)
+    document = read_document(args.file, args.encoding)
     engine = build_engine(args)
     opening = demo_messages(document, "")
     size = engine.count_tokens(opening)

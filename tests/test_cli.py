@@ -15,6 +15,7 @@ from rapid_integrations.cli import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     main,
+    read_document,
 )
 from rapid_integrations.demo import ANSWER_KEYWORD, QUESTION
 from rapid_integrations.demo_data import demo_excerpt
@@ -61,6 +62,18 @@ BAD_DOCUMENTS = {
     "empty": (b"", EXIT_DATAERR, "the document is empty"),
     "blank": (b" \n\t", EXIT_DATAERR, "the document is empty"),
     "binary": (b"\xff\xfe\x00", EXIT_DATAERR, "not UTF-8 text"),
+    # Valid UTF-8, but not text: what a binary file or UTF-16 read as UTF-8 looks like.
+    "nul bytes": (b"\x00" * 64, EXIT_DATAERR, "not a text file: a NUL byte at character 0"),
+    "control characters": (
+        b"a deal.\x01\x02\x1b",
+        EXIT_DATAERR,
+        "not a text file: the control character U+0001 at character 7",
+    ),
+    "latin-1": (
+        "caf\xe9 au lait".encode("latin-1"),
+        EXIT_DATAERR,
+        "not UTF-8 text (byte 0xe9 at offset 3",
+    ),
 }
 
 
@@ -77,6 +90,22 @@ def test_unusable_documents_exit_before_loading_a_model(tmp_path, capsys, comman
     assert main([*argv, "--model", "/nonexistent/model"]) == code
     err = capsys.readouterr().err
     assert err.startswith(f"rapid: error: {path}") and message in err
+
+
+def test_a_file_in_another_encoding_says_how_to_read_it(tmp_path, capsys):
+    """A Latin-1 file is refused with both ways to read it, and `--encoding` reads it; an
+    encoding Python does not know is a usage error."""
+    path = tmp_path / "menu.txt"
+    path.write_bytes("caf\xe9 au lait, cr\xe8me br\xfbl\xe9e".encode("latin-1"))
+    assert main(["ask", str(path), "-q", "why?", "--model", "/nonexistent"]) == EXIT_DATAERR
+    err = capsys.readouterr().err
+    assert "--encoding latin-1" in err and f"iconv -f latin1 -t utf-8 {path} >" in err
+    assert read_document(path, "latin-1") == "café au lait, crème brûlée"
+    argv = ["ask", str(path), "-q", "why?", "--encoding", "latin-1", "--model", "/nonexistent"]
+    assert main(argv) == EXIT_UNAVAILABLE  # read, and refused only for the missing model
+    argv[argv.index("latin-1")] = "klingon"
+    assert main(argv) == EXIT_USAGE
+    assert "unknown text encoding 'klingon'" in capsys.readouterr().err
 
 
 def test_bad_option_values_exit_2_naming_the_field(doc, capsys):
