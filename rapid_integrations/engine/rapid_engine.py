@@ -734,6 +734,11 @@ class RapidEngine:
             draft_ids = self._fit(self._encode(draft_prompt, template), self.draft, cfg)
         elif mode == "sd":
             draft_ids = self._fit(ids, self.draft, cfg)
+        if mode == "rapid" and draft_ids == ids and cfg.eta != 0.0:
+            # The draft read what the target reads: q knows nothing p does not, so a lean
+            # toward it would carry only the draft copy's rounding (docs/algorithm.md section 1.1).
+            cfg = cfg.replace(eta=0.0)
+            stats.eta, stats.lean_skipped = 0.0, True
         stats.mode = mode
         stats.target_context_tokens = len(ids)
         stats.draft_context_tokens = len(draft_ids or ())

@@ -44,10 +44,13 @@ class RapidStats:
     overhead_fraction: share of decode time spent outside model forward passes (drafting
     and acceptance math, detokenization, Python). grammar_seconds: the part of it spent on
     grammar masks and matcher moves (docs/algorithm.md section 10), both models together.
+    lean_skipped: the draft read the target's own prompt (nothing retrieved), so the call ran
+    as eta 0 and `eta` says 0.0 (docs/algorithm.md section 1.1).
     """
 
     mode: str = "rapid"
     eta: float = 0.0
+    lean_skipped: bool = False
     gamma: int = 0
     seed: int | None = None
     target_context_tokens: int = 0
