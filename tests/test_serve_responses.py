@@ -139,13 +139,20 @@ def test_input_items_with_roles_are_the_engines_messages(
 def test_the_stream_is_the_responses_event_sequence(
     client: openai.OpenAI, engine_output: EngineOutput
 ) -> None:
+    """An answer cut off by max_output_tokens ends as OpenAI's does: `response.incomplete`
+    (the SDK's `ResponseIncompleteEvent`) with status "incomplete" and the reason, never
+    `response.completed`; its response is the non-streamed one."""
     kwargs: dict[str, Any] = {"model": MODEL, "input": "weather in paris", "temperature": 0}
     with client.responses.stream(**kwargs, max_output_tokens=12) as stream:
         events = list(stream)
-        final = stream.get_final_response()
     expected = engine_output(CHAT, max_new_tokens=12, temperature=0.0)
+    assert expected.finish_reason == "length", "the answer is cut off"
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    assert collapsed([e.type for e in events]) == TEXT_EVENTS
+    assert collapsed([e.type for e in events]) == [*TEXT_EVENTS[:-1], "response.incomplete"]
+    assert isinstance(events[-1], openai.types.responses.ResponseIncompleteEvent)
+    final = events[-1].response
+    assert final.status == "incomplete" and final.incomplete_details.reason == "max_output_tokens"
+    assert events[-2].item.status == "incomplete"  # the cut-off message
     deltas = [e for e in events if e.type == "response.output_text.delta"]
     assert "".join(e.delta for e in deltas) == expected.text
     item = events[2].item

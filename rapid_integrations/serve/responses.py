@@ -10,10 +10,10 @@ refused; a client sends the whole conversation as input items, earlier outputs i
 
 A stream is `response.created`, `response.in_progress`, then per output item
 `response.output_item.added` ... `response.output_item.done` (a message: its content part and
-text deltas; a function call: its argument deltas), then `response.completed`, each event with
-its `sequence_number`. The last event is `response.completed` also when the answer hit
-`max_output_tokens` (its response says status "incomplete"), so every client gets its final
-response; an error mid-stream is one `error` event.
+text deltas; a function call: its argument deltas, as the model writes them), then
+`response.completed`, each event with its `sequence_number`. An answer cut off by
+`max_output_tokens` ends with `response.incomplete` instead (its response says status
+"incomplete" and why), as OpenAI's does; an error mid-stream is one `error` event.
 """
 
 from __future__ import annotations
@@ -305,8 +305,8 @@ class ResponseEvents:
 
     def finish(self, output: RapidOutput) -> list[dict[str, Any]]:
         """Close the open item, add what was not streamed (an empty message when there is
-        neither text nor a call), and complete the response (status "incomplete" past
-        max_output_tokens)."""
+        neither text nor a call), and end the response: `response.completed`, or
+        `response.incomplete` (status "incomplete") past max_output_tokens."""
         cut = output.finish_reason == "length"
         events = self._close("incomplete" if cut else "completed")
         if output.reasoning is not None and "reasoning" not in self._streamed:
@@ -322,7 +322,8 @@ class ResponseEvents:
             "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
             "usage": _usage(output, self.replica),
         }
-        return [*events, self._event("response.completed", response=self.response)]
+        end = "response.incomplete" if cut else "response.completed"
+        return [*events, self._event(end, response=self.response)]
 
     def error(self, error: ServeError) -> dict[str, Any]:
         """The event of a failure mid-stream (the stream ends after it)."""
