@@ -40,6 +40,7 @@ from rapid_integrations.adapters.timeouts import (
 from rapid_integrations.adapters.timeouts import TimedRun
 from rapid_integrations.batching.batcher import batched_stream
 from rapid_integrations.config import FIELD_NAMES, Mode, check_mode
+from rapid_integrations.engine.args import LOADING_FIELDS
 from rapid_integrations.engine.call_options import CallOptions
 
 from .retrievers import as_context_retriever
@@ -72,20 +73,6 @@ _CONFIG_FIELDS = {
     "max_tokens": "max_new_tokens",
     "seed": "seed",
 }
-_LOADING_FIELDS = (
-    "model",
-    "draft_model",
-    "tokenizer",
-    "device",
-    "draft_device",
-    "dtype",
-    "draft_precision",
-    "target_precision",
-    "model_kwargs",
-    "draft_model_kwargs",
-    "tokenizer_kwargs",
-    "compile_draft",
-)
 # HuggingFacePipeline.from_model_id's `device`: an accelerator index, -1 for the CPU.
 _CPU_INDEX = -1
 
@@ -249,7 +236,7 @@ class RapidParams(BaseModel):
         """The engine handle, made on first use: at construction (LangChain's own validators,
         such as the model profile's, may come first)."""
         if self._engine_handle is None:
-            loading = {name: getattr(self, name) for name in _LOADING_FIELDS}
+            loading = {name: getattr(self, name) for name in LOADING_FIELDS}
             self._engine_handle = EngineHandle(self.engine, loading)
         return self._engine_handle
 

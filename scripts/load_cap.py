@@ -20,7 +20,7 @@ import time
 from rapid_integrations import BatchRunner, RapidEngine
 from rapid_integrations.config import Mode
 from rapid_integrations.demo_data import demo_document
-from rapid_integrations.spec_decode.schedule import BatchCosts
+from rapid_integrations.spec_decode.batch_caps import BatchCosts
 
 QUESTIONS = [
     "What is this about?",

@@ -371,7 +371,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "copies-priced-without-their-chance",
         "every copy is read wherever a token costs less than a pass, kept or not",
-        "rapid_integrations/spec_decode/schedule.py",
+        "rapid_integrations/spec_decode/copy_prices.py",
         "return sum(chance >= self._price for chance in self._curve.kept_chances(room))",
         "return sum(1.0 >= self._price for chance in self._curve.kept_chances(room))",
         (COPIES,),
@@ -395,7 +395,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "copies-priced-below-free",
         "copies are priced however little a token costs: two engines read different copies",
-        "rapid_integrations/spec_decode/schedule.py",
+        "rapid_integrations/spec_decode/copy_prices.py",
         "if self._price is None or self._price < self.FREE:",
         "if self._price is None:",
         (COPIES,),

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from rapid_integrations import BatchRunner, RapidConfig, RapidEngine
-from rapid_integrations.spec_decode.schedule import BatchCosts, GammaSchedule, PassCosts, PassLine
+from rapid_integrations.spec_decode.batch_caps import BatchCosts, PassLine
+from rapid_integrations.spec_decode.schedule import GammaSchedule, PassCosts
 from tests import test_batch
 from tests.test_batch import CALLS, alone, submit
 

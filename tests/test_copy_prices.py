@@ -12,8 +12,9 @@ import torch
 
 from rapid_integrations import RapidConfig, RapidEngine
 from rapid_integrations.runtime.kv import direct
+from rapid_integrations.spec_decode.copy_prices import CopyPrices
 from rapid_integrations.spec_decode.drafting import token_price
-from rapid_integrations.spec_decode.schedule import CopyPrices, RunCurve
+from rapid_integrations.spec_decode.schedule import RunCurve
 from tests.test_engine_adaptive import (
     curve_by_hand,
     offering,

@@ -14,10 +14,11 @@ import dataclasses
 import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rapid_integrations.config import FIELD_NAMES, RapidConfig
+from rapid_integrations.engine.args import EngineArgs
 from rapid_integrations.errors import RapidConfigError, RapidInputError
 
 if TYPE_CHECKING:
@@ -184,58 +185,22 @@ def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
 
 
 @dataclass(frozen=True)
-class LoadSpec:
-    """How to build a `RapidEngine`: everything both adapters accept to load models.
-
-    model / draft_model: a transformers model, a local folder, a `.gguf` file or a hub id;
-    model None is the embedded SmolLM2-135M-Instruct, draft_model None is self-speculation.
-    tokenizer: a tokenizer object, a folder or hub id (loaded with `tokenizer_kwargs`), or
-    None to find it next to the model. `model_kwargs` / `draft_model_kwargs` go to
-    `from_pretrained` (device_map, quantization_config, attn_implementation, revision, ...).
-    compile_draft: `RapidEngine`'s (None: False); not part of `identity`, as the thread count
-    is not: at eta = 0 it changes speed only, at eta > 0 the draft's q by rounding.
+class LoadSpec(EngineArgs):
+    """How an adapter builds its `RapidEngine`: the engine's loading options (`EngineArgs`),
+    checked at construction, before any weights load, and what a framework asks before the
+    first call (the tokenizer, the context window, the model's name) answered without loading
+    weights. compile_draft is not part of `identity`, as the thread count is not: at eta = 0
+    it changes speed only, at eta > 0 the draft's q by rounding.
     """
 
-    model: Any = None
-    draft_model: Any = None
-    tokenizer: Any = None
-    device: Any = None
-    draft_device: Any = None
-    dtype: Any = None
-    draft_precision: str | None = None
-    target_precision: str | None = None
-    model_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    draft_model_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    tokenizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    compile_draft: bool | None = None
-
     def __post_init__(self) -> None:
-        """The engine's own argument checks, run now: before any weights load."""
-        # The engine's private checker, until the engine makes it public.
-        from rapid_integrations.engine.rapid_engine import (
-            _check_arguments as check_engine_arguments,
-        )
-
         if self.draft_model is None and self.draft_device is not None:
             raise RapidConfigError(
                 "draft_device",
                 "applies to a separate draft_model; under self-speculation the "
                 "target drafts on its own device",
             )
-        check_engine_arguments(self.draft_model is None, None, **self._options())
-
-    def _options(self) -> dict[str, Any]:
-        return {
-            "device": self.device,
-            "draft_device": self.draft_device,
-            "dtype": self.dtype,
-            "draft_precision": self.draft_precision,
-            "target_precision": self.target_precision,
-            "model_kwargs": dict(self.model_kwargs) or None,
-            "draft_model_kwargs": dict(self.draft_model_kwargs) or None,
-            "tokenizer_kwargs": dict(self.tokenizer_kwargs) or None,
-            "compile_draft": self.compile_draft,
-        }
+        self.check()
 
     def build(self, tokenizer: PreTrainedTokenizerBase | None = None) -> RapidEngine:
         """Load the models (the embedded default when `model` is None) into an engine;
@@ -244,7 +209,7 @@ class LoadSpec:
         from rapid_integrations.models.loading import ensure_default_model
 
         model = ensure_default_model() if self.model is None else self.model
-        options = {k: v for k, v in self._options().items() if v is not None}
+        options = self.options()
         if tokenizer is not None:
             options.pop("tokenizer_kwargs", None)  # they were applied when it was loaded
         return RapidEngine(model, self.draft_model, tokenizer or self.tokenizer, **options)

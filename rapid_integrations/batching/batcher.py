@@ -86,7 +86,7 @@ class Batcher:
         from rapid_integrations.batching.runner import (
             BatchRunner,  # torch loads with the first call, not with the adapters
         )
-        from rapid_integrations.spec_decode.schedule import BatchCosts
+        from rapid_integrations.spec_decode.batch_caps import BatchCosts
 
         try:
             # Speculation adapts to load (docs/algorithm.md section 14.2).

@@ -36,10 +36,10 @@ import torch
 from rapid_integrations.config import Mode
 from rapid_integrations.engine.call_options import CallOptions
 from rapid_integrations.errors import RapidConfigError
-from rapid_integrations.output.outputs import Delta, RapidOutput
+from rapid_integrations.output.outputs import Delta, Deltas, RapidOutput
 from rapid_integrations.runtime.kv import Feed, Forwards, feed_packed, new_cache, packing_refusal
 from rapid_integrations.runtime.threads import follow_load
-from rapid_integrations.spec_decode.schedule import BatchCosts, BatchSeat
+from rapid_integrations.spec_decode.batch_caps import BatchCosts, BatchSeat
 from rapid_integrations.tokens import Prompt
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class BatchRunner:
     Both models must run `attention.rapid_attention` (SDPA models do, `use_rapid_attention`)
     with full-attention layers only.
 
-    With `costs` (a `schedule.BatchCosts`; `Batcher.over` gives one), speculation adapts to
+    With `costs` (a `batch_caps.BatchCosts`; `Batcher.over` gives one), speculation adapts to
     load (docs/algorithm.md section 14.2): every step is timed into it, and before each draft
     phase the runner caps the gamma of every greedy or unseeded call at the cap it picks:
     `cap` is the latest (None: none), `caps` counts the verify steps each cap preceded. A
@@ -83,7 +83,7 @@ class BatchRunner:
         self.caps: Counter[int | None] = Counter()
         self._engine = engine
         self._calls: dict[int, _Call] = {}
-        self._deltas: dict[int, list[Delta]] = {}  # committed, not yet taken
+        self._deltas: dict[int, Deltas] = {}  # committed, not yet taken
         self._ids = itertools.count()
         self.outputs: dict[int, RapidOutput] = {}
         self.errors: dict[int, Exception] = {}
@@ -104,13 +104,11 @@ class BatchRunner:
     ) -> int:
         """Plan a call now (bad input raises here); its prefill runs in the next steps, a
         chunk a step, and then it decodes. Returns its id."""
-        from rapid_integrations.engine.rapid_engine import _call_options
-
         call_id = next(self._ids)
-        deltas: list[Delta] = []
-        resolved = _call_options(options, draft_prompt, mode, overrides)
+        deltas = Deltas()
+        resolved = CallOptions.for_call(options, draft_prompt, mode, overrides)
         seat = BatchSeat(cap=self.cap)  # a newcomer's first draft phase is capped too
-        steps = self._engine._decoding(prompt, resolved, deltas.append, seat)
+        steps = self._engine.decoding(prompt, resolved, deltas.append, seat)
         self._calls[call_id], self._deltas[call_id] = _Call(steps, seat), deltas
         self._advance(call_id, None)
         return call_id
@@ -160,9 +158,7 @@ class BatchRunner:
     def take_deltas(self, call_id: int) -> list[Delta]:
         """The deltas a call committed since the last take; a finished call's last ones are
         kept until taken, a cancelled or failed call's are dropped with it."""
-        deltas = self._deltas.get(call_id, [])
-        taken = deltas[:]
-        deltas.clear()
+        taken = self._deltas.get(call_id, Deltas()).take()
         if call_id not in self._calls:
             self._deltas.pop(call_id, None)
         return taken
@@ -243,7 +239,7 @@ def _packed(feeds: list[Feed]) -> list[torch.Tensor] | Exception:
     exactly the logits `generate` gets."""
     try:
         if len(feeds) == 1:
-            return [feeds[0].state.feed(feeds[0].tokens, feeds[0].keep)]
+            return [feeds[0].run()]
         return feed_packed(feeds)
     except Exception as exc:
         return exc

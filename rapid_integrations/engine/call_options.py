@@ -84,6 +84,22 @@ class CallOptions:
             raise RapidConfigError("options", f"must be a CallOptions, got {options!r}")
         return options
 
+    @classmethod
+    def for_call(
+        cls,
+        options: CallOptions | None,
+        draft_prompt: Prompt | None,
+        mode: Mode | None,
+        overrides: Mapping[str, Any],
+    ) -> CallOptions:
+        """The options of a call made as `generate(prompt, draft_prompt, mode, options=,
+        **overrides)` (the engine's and the batch runner's signature): `options`, or the
+        keyword form's names built into them."""
+        given = {"draft_prompt": draft_prompt, "mode": mode}
+        return cls.resolve(
+            options, {**{k: v for k, v in given.items() if v is not None}, **overrides}
+        )
+
 
 def _check_names(names: Mapping[str, Any], known: frozenset[str], what: str) -> None:
     unknown = sorted(set(names) - known)

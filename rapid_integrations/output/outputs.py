@@ -185,6 +185,17 @@ class Delta:
     tool_calls: tuple[CallFragment, ...] = ()
 
 
+class Deltas(list[Delta]):
+    """A call's committed deltas not yet handed on: its loop appends (`emit`), whoever
+    drives it takes them after each pass (alone: `RapidEngine._run`; batched: `take_deltas`)."""
+
+    def take(self) -> list[Delta]:
+        """The deltas appended since the last take, in order; the buffer is left empty."""
+        taken = self[:]
+        self.clear()
+        return taken
+
+
 class RapidStream(Iterator[str]):
     """Iterator of text deltas; `output` holds the `RapidOutput` once it is exhausted.
     `deltas()` iterates the same call as `Delta` objects instead (use one or the other).

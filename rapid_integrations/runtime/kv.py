@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import itertools
@@ -16,6 +17,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
 
 from rapid_integrations.errors import RapidConfigError
+from rapid_integrations.runtime import invariant
 from rapid_integrations.runtime.attention import LAYOUT, NAME
 from rapid_integrations.runtime.prefix_cache import KV, PrefixCache, storage_bytes
 
@@ -34,18 +36,24 @@ class BufferedLayer(DynamicLayer):
     keys: torch.Tensor
     values: torch.Tensor
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, zeroed: bool = False) -> None:
         super().__init__()
         self.capacity = capacity
         self.length = 0
+        self.zeroed = zeroed  # buffers start as zeros: read past `length` (`padded`)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Allocate the buffers [batch, kv_heads, capacity, head_dim] from the first states
         [batch, kv_heads, new, head_dim] (their dtype, device and head widths)."""
         super().lazy_initialization(key_states, value_states)
         shape = (*key_states.shape[:-2], self.capacity, key_states.shape[-1])
-        self._k = key_states.new_empty(shape)
-        self._v = value_states.new_empty((*shape[:-1], value_states.shape[-1]))
+        keys, values = (
+            (key_states.new_zeros, value_states.new_zeros)
+            if self.zeroed
+            else (key_states.new_empty, value_states.new_empty)
+        )
+        self._k = keys(shape)
+        self._v = values((*shape[:-1], value_states.shape[-1]))
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -78,6 +86,15 @@ class BufferedLayer(DynamicLayer):
         """The layer's KV as consecutive parts, (keys, values) [1, kv_heads, tokens, head_dim]
         each: here one, the buffer's tokens (none before the first append)."""
         return [(self.keys, self.values)] if self.length else []
+
+    def padded(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values [1, kv_heads, padded_keys(length), head_dim], views of a zeroed
+        buffer allocated that long (a deterministic sequence's: `invariant.attention`); past
+        `length` they hold zeros or rolled-back tokens, finite either way."""
+        end = invariant.padded_keys(self.length)
+        if not self.zeroed or end > self.capacity:
+            raise RuntimeError(f"no zeroed KV buffer of {end} tokens to pad into")
+        return self._k[..., :end, :], self._v[..., :end, :]
 
 
 class SharedPrefixLayer(BufferedLayer):
@@ -151,10 +168,10 @@ class BufferedSlidingLayer(BufferedLayer):
         return self.sliding_window
 
 
-def _buffered(layer: object, capacity: int) -> CacheLayerMixin | None:
+def _buffered(layer: object, capacity: int, zeroed: bool = False) -> CacheLayerMixin | None:
     """The buffered replacement of one of transformers' cache layers; None if there is none."""
     if type(layer) is DynamicLayer:
-        return BufferedLayer(capacity)
+        return BufferedLayer(capacity, zeroed)
     if type(layer) is DynamicSlidingWindowLayer:  # sliding-window and chunked attention
         return BufferedSlidingLayer(capacity, layer.sliding_window)
     # A layer that reads another layer's KV stores nothing. By name: transformers 5.17, for
@@ -164,14 +181,17 @@ def _buffered(layer: object, capacity: int) -> CacheLayerMixin | None:
     return None
 
 
-def new_cache(model: PreTrainedModel, capacity: int, role: str = "model") -> DynamicCache:
-    """A DynamicCache whose attention layers are buffered layers of `capacity` tokens.
+def new_cache(
+    model: PreTrainedModel, capacity: int, role: str = "model", zeroed: bool = False
+) -> DynamicCache:
+    """A DynamicCache whose attention layers are buffered layers of `capacity` tokens
+    (`zeroed`: full-attention buffers start as zeros, for `BufferedLayer.padded`).
 
     Raises `RapidConfigError` (field `role`) naming the layer kind when a layer's cache cannot
     be rolled back to the accepted drafts (recurrent, convolutional, compressed attention).
     """
     cache = DynamicCache(config=model.config)
-    layers = [_buffered(layer, capacity) for layer in cache.layers]
+    layers = [_buffered(layer, capacity, zeroed) for layer in cache.layers]
     if None in layers:
         kinds = sorted(
             {
@@ -231,6 +251,8 @@ class KVState:
 
     reused_tokens: int = 0
     shared_tokens: int = 0  # of `reused_tokens`, those read in place from a shared prefix
+    # Every pass runs packed, its attention the canonical call (`invariant.py`).
+    deterministic: bool = False
 
     @classmethod
     def start(
@@ -263,6 +285,7 @@ class KVState:
         max_prefix_bytes: int = 0,
         draft: bool = False,
         decode: Callable[..., Any] | None = None,
+        deterministic: bool = False,
     ) -> Forwards[KVState]:
         """Prefill all but the last prompt token, reusing a stored prefix when one matches
         (read in place where it can be shared, else copied: `_load`, section 14.1).
@@ -273,20 +296,29 @@ class KVState:
         the sequence will ever hold (prompt, generated, and drafts in flight). `decode`: the
         forward its decode passes run (`KVState.decode`); such a sequence copies a stored
         prefix into its own buffers, so that its passes stay on the plain path it compiled.
+        `deterministic` (`RapidConfig.deterministic`, checked here: `invariant.check_model`):
+        buffers padded for `invariant.attention` and zeroed, every pass packed (no compiled
+        one), and only prefixes stored by deterministic sequences reused, copied.
         """
+        if deterministic:
+            role = "draft" if draft else "target"
+            refusal = packing_refusal(model, new_cache(model, 1, role).layers)
+            invariant.check_model(model, role, refusal)
+            capacity, decode = invariant.padded_keys(capacity), None
         ids = torch.tensor(prompt, dtype=torch.long, device=model.device)
-        state = cls(model, new_cache(model, capacity), ids[:0], vocab)
+        cache = new_cache(model, capacity, zeroed=deterministic)
+        state = cls(model, cache, ids[:0], vocab, deterministic=deterministic)
         head = prompt[:-1]
         reuse = prefixes if max_prefix_bytes > 0 and state._plain_layers() else None
         if reuse is not None:
-            state.reused_tokens, parts = reuse.lookup(model, head)
-            state._load(parts, share=decode is None)
+            state.reused_tokens, parts = reuse.lookup(model, head, deterministic)
+            state._load(parts, share=decode is None and not deterministic)
         for start in range(state.reused_tokens, len(head), chunk):
             yield Feed(state, ids[start : min(start + chunk, len(head))], draft, keep=1)
         state.forward_passes, state.forward_seconds = 0, 0.0  # counted: decode passes only
         state.pending, state.decode = ids[-1:], decode
         if reuse is not None and head:
-            reuse.store(model, head, state._parts(), max_prefix_bytes)
+            reuse.store(model, head, state._parts(), max_prefix_bytes, deterministic)
         return state
 
     def _plain_layers(self) -> bool:
@@ -324,8 +356,8 @@ class KVState:
         """Read `pending` then `tokens` ([k] int64 ids); return their logits [len, vocab]
         (len = pending + k rows, or the last `keep` when keep > 0; in the model's dtype).
         A sequence on a shared prefix runs as a packed pass of one, whose attention reads the
-        prefix in place (section 14.1)."""
-        if self.shared_tokens:
+        prefix in place (section 14.1); so does a deterministic one (`invariant.attention`)."""
+        if self.shared_tokens or self.deterministic:
             return feed_packed([Feed(self, tokens, keep=keep)])[0]
         ids = self.take(tokens)
         start = time.perf_counter()
@@ -455,6 +487,10 @@ class Feed:
     draft: bool = False
     keep: int = 0  # logit rows sent back: the last `keep` (0: all; `logits_to_keep`)
 
+    def run(self) -> torch.Tensor:
+        """This pass alone: the logits [pending + k, vocab] (or the last `keep` rows)."""
+        return self.state.feed(self.tokens, self.keep)
+
 
 Forwards = Generator[Feed, torch.Tensor, _R]
 """A computation of one sequence that needs forward passes: yields `Feed`s, is sent their
@@ -466,7 +502,7 @@ def direct(steps: Forwards[_R]) -> _R:
     try:
         feed = next(steps)
         while True:
-            feed = steps.send(feed.state.feed(feed.tokens, feed.keep))
+            feed = steps.send(feed.run())
     except StopIteration as done:
         return cast(_R, done.value)
 
@@ -488,9 +524,15 @@ class PackedCache:
     need its mask per segment.
     """
 
-    def __init__(self, caches: list[DynamicCache], bounds: list[tuple[int, int]]) -> None:
+    def __init__(
+        self,
+        caches: list[DynamicCache],
+        bounds: list[tuple[int, int]],
+        deterministic: Sequence[bool] = (),
+    ) -> None:
         self.caches = caches
         self.bounds = bounds
+        self.deterministic = list(deterministic) or [False] * len(caches)  # per segment
 
     def update(
         self,
@@ -514,6 +556,13 @@ class PackedCache:
         it reads one, then its own tokens, the new ones included."""
         return cast(BufferedLayer, self.caches[segment].layers[layer_idx]).parts()
 
+    def padded(self, layer_idx: int, segment: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A deterministic segment's keys and values at layer `layer_idx`, padded
+        (`BufferedLayer.padded`, the new tokens included); None for any other segment."""
+        if not self.deterministic[segment]:
+            return None
+        return cast(BufferedLayer, self.caches[segment].layers[layer_idx]).padded()
+
 
 def feed_packed(feeds: list[Feed]) -> list[torch.Tensor]:
     """Run `feeds`, all on one model, as one forward pass over a packed row (`PackedCache`);
@@ -536,19 +585,24 @@ def feed_packed(feeds: list[Feed]) -> list[torch.Tensor]:
             for end, k in zip(ends, kept, strict=True)
         ]
     )  # [sum(kept)]: the rows the output head reads
-    layout = PackedCache([s.cache for s in states], bounds)
+    deterministic = [s.deterministic for s in states]
+    layout = PackedCache([s.cache for s in states], bounds, deterministic)
+    # A deterministic segment's logit rows are the same at any count of kept rows only in
+    # blocks of at most `invariant.HEAD_ROWS` (invariant.py).
+    head = invariant.head_in_blocks(model) if any(deterministic) else contextlib.nullcontext()
     start = time.perf_counter()
-    out = model(
-        input_ids=torch.cat(ids)[None],
-        position_ids=positions[None],
-        # A 4-D mask is taken as prepared: transformers' `create_causal_mask` returns it as
-        # it is and builds no [T_total, kv] mask, which no single cache length could size;
-        # the attention masks each segment itself. This one is empty.
-        attention_mask=torch.zeros(1, 1, 0, 0, dtype=torch.bool, device=positions.device),
-        **_cache_arg(model, layout),
-        **{LAYOUT: layout},
-        logits_to_keep=rows if len(rows) < ends[-1] else 0,
-    )
+    with head:
+        out = model(
+            input_ids=torch.cat(ids)[None],
+            position_ids=positions[None],
+            # A 4-D mask is taken as prepared: transformers' `create_causal_mask` returns it
+            # as it is and builds no [T_total, kv] mask, which no single cache length could
+            # size; the attention masks each segment itself. This one is empty.
+            attention_mask=torch.zeros(1, 1, 0, 0, dtype=torch.bool, device=positions.device),
+            **_cache_arg(model, layout),
+            **{LAYOUT: layout},
+            logits_to_keep=rows if len(rows) < ends[-1] else 0,
+        )
     seconds = time.perf_counter() - start
     for state in states:
         state.counted(seconds)

@@ -16,7 +16,7 @@ draft model as a `kv.Feed`, so one loop serves a sequence alone (`kv.direct`) an
 whose draft passes run packed together (`batch.BatchRunner`).
 `ModelProposer` drafts with a model; `LookupProposer` offers copies; `LookupFirst` has the
 model vet them as it drafts, reading those its token price (`token_price`, measured once per
-engine) says pay (`schedule.CopyPrices`).
+engine) says pay (`copy_prices.CopyPrices`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from transformers import PreTrainedModel
 from rapid_integrations.config import RapidConfig
 from rapid_integrations.runtime.kv import Feed, Forwards, KVState, pass_seconds
 from rapid_integrations.sample.sampling import check_finite, log_probs
-from rapid_integrations.spec_decode.schedule import CopyPrices
+from rapid_integrations.spec_decode.copy_prices import CopyPrices
 from rapid_integrations.structured_output.constraints import Constraints
 
 Find = Callable[[list[int], int], list[int]]
@@ -115,9 +115,10 @@ class ModelProposer:
         self.copied_at: list[int] = []  # which drafts of the last proposal were copies
         self._copies_offered, self._copies_drafted, self._copies_accepted = 0, 0, 0  # per call
         # Copies are priced at the draft's `token_price` (None: off the CPU, every copy read)
-        # where no output is promised under one set of copies read: a greedy call's is the
-        # same whatever the draft reads, an unseeded sampled call's draws were never
-        # repeatable; a seeded one's are, on any engine, and the copies read consume draws.
+        # only where the output is the same whatever the draft reads: a greedy call's. A
+        # sampled call's copies read consume draws, and its seed, given or drawn and reported
+        # (`stats.seed`), must repeat it draw for draw on any engine: the price is measured
+        # under the machine's load, so a priced call's replay could read other copies.
         priced = config.greedy or config.seed is None
         self._prices = CopyPrices(config.lookup_tokens, token_price if priced else None)
         # (position, copy) of the last proposal's lookups not offered, for `_prices`
