@@ -170,16 +170,19 @@ def test_stream_equals_generate_and_same_seed_repeats(tok, target, draft):
 def test_a_drawn_seed_fits_javascript_numbers_and_replays_the_call(tok, target, draft):
     """An unseeded call reports the seed it drew: below 2**53, so that a JavaScript client
     (whose numbers are doubles) sends back the same integer, and that seed gives the same
-    tokens again. The seeds at the ends of the accepted range run; one past them is refused
-    by name before anything runs."""
+    tokens again, also where the draft's token price (measured under the machine's load) is
+    one that would leave copies unread. The seeds at the ends of the accepted range run; one
+    past them is refused by name before anything runs."""
     engine = RapidEngine(
         target, draft, tokenizer=tok, config=RapidConfig(temperature=1.0, max_new_tokens=20)
     )
+    engine.draft_token_price = 0.4  # measured on a busy CPU: copies are worth reading rarely
     for _ in range(8):
-        out = engine.generate("hello kab", "kab")
+        out = engine.generate("hello kab abc kab ab", "kab")
         seed = out.stats.seed
         assert seed is not None and 0 <= seed < 2**53 and int(float(seed)) == seed
-        assert engine.generate("hello kab", "kab", seed=seed).token_ids == out.token_ids
+        replay = engine.generate("hello kab abc kab ab", "kab", seed=seed)
+        assert replay.token_ids == out.token_ids
     for edge in (-(2**63), 2**63 - 1):
         assert engine.generate("hello kab", "kab", seed=edge).stats.seed == edge
     for beyond in (2**63, -(2**63) - 1, 10**30):

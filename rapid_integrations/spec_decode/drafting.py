@@ -119,7 +119,7 @@ class ModelProposer:
         # sampled call's copies read consume draws, and its seed, given or drawn and reported
         # (`stats.seed`), must repeat it draw for draw on any engine: the price is measured
         # under the machine's load, so a priced call's replay could read other copies.
-        priced = config.greedy or config.seed is None
+        priced = config.greedy
         self._prices = CopyPrices(config.lookup_tokens, token_price if priced else None)
         # (position, copy) of the last proposal's lookups not offered, for `_prices`
         self._unoffered: list[tuple[int, int]] = []
