@@ -253,7 +253,12 @@ GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "a cab"}], "max
         ({**GOOD, "max_tokens": "many"}, 422, "max_tokens", "invalid_value"),
         ({**GOOD, "messages": "hello"}, 422, "messages", "invalid_value"),
         ({**GOOD, "messages": []}, 422, "messages", "invalid_value"),
-        ({**GOOD, "messages": [{"role": "wizard", "content": "a"}]}, 400, None, "invalid_request"),
+        (
+            {**GOOD, "messages": [{"role": "wizard", "content": "a"}]},
+            422,
+            "messages.0.role",
+            "invalid_value",
+        ),
         ({"messages": GOOD["messages"]}, 422, "model", "invalid_value"),
         ({**GOOD, "model": "gpt-4o"}, 404, "model", "model_not_found"),
         ({**GOOD, "collection": "nope"}, 404, "collection", "collection_not_found"),

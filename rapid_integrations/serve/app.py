@@ -31,7 +31,7 @@ from typing import Any, TypeVar, cast
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette import EventSourceResponse
 
@@ -57,6 +57,15 @@ from .calls import (
 from .collection import Collection
 from .errors import ServeError, classify, install_error_handlers
 from .metrics import Metrics, RequestCounter
+from .openapi import (
+    GET_ERRORS,
+    ChatCompletion,
+    Completion,
+    Health,
+    ModelList,
+    ResponseObject,
+    post_responses,
+)
 from .responses import ResponseEvents, response_object, responses_call
 from .scheduler import Lease, SequenceQueue
 from .schemas import ChatCompletionRequest, CompletionRequest, ResponsesRequest
@@ -127,13 +136,13 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(RequestCounter, metrics=server.metrics)
 
-    @app.get("/health")
+    @app.get("/health", responses={200: {"model": Health}})
     async def health() -> dict[str, str]:
         return {"status": "ok", "replica": server.replica}
 
     router = APIRouter(dependencies=[Depends(_api_key_check(settings.api_key))])
 
-    @router.get("/v1/models")
+    @router.get("/v1/models", responses={200: {"model": ModelList}, **GET_ERRORS})
     async def models() -> dict[str, Any]:
         card = {
             "id": settings.served_model_name,
@@ -145,19 +154,28 @@ def create_app(
         }
         return {"object": "list", "data": [card]}
 
-    @router.post("/v1/chat/completions")
+    @router.post(
+        "/v1/chat/completions",
+        responses=post_responses(ChatCompletion, "`chat.completion.chunk` objects, then [DONE]"),
+    )
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await _answer(server, chat_call(body, server.collections), request)
 
-    @router.post("/v1/completions")
+    @router.post(
+        "/v1/completions",
+        responses=post_responses(Completion, "`text_completion` chunks, then [DONE]"),
+    )
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await _answer(server, completion_call(body, server.collections), request)
 
-    @router.post("/v1/responses")
+    @router.post(
+        "/v1/responses",
+        responses=post_responses(ResponseObject, "the Responses API's events"),
+    )
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         return await _answer(server, responses_call(body, server.collections), request)
 
-    @router.get("/metrics")
+    @router.get("/metrics", response_class=PlainTextResponse, responses=GET_ERRORS)
     async def metrics() -> Response:
         return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 

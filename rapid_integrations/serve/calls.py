@@ -108,7 +108,10 @@ def completion_call(
     draft = request.draft_prompt
     if isinstance(draft, list):
         raise ServeError(
-            422, "draft_prompt: must be a string for /v1/completions", param="draft_prompt"
+            422,
+            "draft_prompt: must be a string for /v1/completions",
+            param="draft_prompt",
+            code="invalid_value",
         )
     return _call("text", request, prompt, draft, overrides)
 
@@ -293,7 +296,8 @@ def _message(message: ChatMessage, index: int) -> dict[str, Any]:
         if any(part.type != "text" or part.text is None for part in content):
             raise unsupported(f"messages.{index}.content", "only text content parts are supported")
         content = "".join(part.text or "" for part in content)
-    out: dict[str, Any] = {"role": message.role, "content": content or ""}
+    role = "system" if message.role == "developer" else message.role
+    out: dict[str, Any] = {"role": role, "content": content or ""}
     for name in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
         if getattr(message, name) is not None:
             out[name] = getattr(message, name)

@@ -1,7 +1,8 @@
 """The OpenAI error shape, and the HTTP status each failure gets.
 
 Every error body is `{"error": {"message", "type", "param", "code"}}` (what the `openai` SDK
-parses into `APIStatusError`). Statuses: 400 a malformed request (bad JSON, an unknown field,
+parses into `APIStatusError`), `code` never null (`ErrorBody`, the schema of every error
+status in /openapi.json). Statuses: 400 a malformed request (bad JSON, an unknown field,
 an unsupported option, an unusable prompt) and a prompt over the model's window (code
 `context_length_exceeded`, as OpenAI and vLLM answer: the SDK's `BadRequestError`); 401 a
 missing or wrong API key; 404 an unknown model, collection or route; 422 a well-formed request
@@ -18,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from rapid_integrations.errors import (
@@ -28,7 +30,22 @@ from rapid_integrations.errors import (
     RapidInputError,
 )
 
+from .schemas import RAPID_OPTIONS
+
 log = logging.getLogger("rapid.serve")
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str
+
+
+class ErrorBody(BaseModel):
+    """The body of every error status (OpenAI's shape)."""
+
+    error: ErrorDetail
 
 
 class ServeError(Exception):
@@ -39,9 +56,9 @@ class ServeError(Exception):
         status: int,
         message: str,
         *,
+        code: str,
         type: str = "invalid_request_error",
         param: str | None = None,
-        code: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
@@ -88,7 +105,12 @@ def classify(exc: BaseException) -> ServeError:
     if isinstance(exc, TimeoutError):
         return timed_out()
     log.error("request failed", exc_info=exc)
-    return ServeError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+    return ServeError(
+        500,
+        f"internal error: {type(exc).__name__}: {exc}",
+        type="server_error",
+        code="internal_error",
+    )
 
 
 def timed_out() -> ServeError:
@@ -96,15 +118,39 @@ def timed_out() -> ServeError:
 
 
 def _validation_error(exc: RequestValidationError) -> ServeError:
-    """FastAPI's body validation errors: unparsable JSON is 400, a bad value 422."""
-    first = exc.errors()[0]
+    """FastAPI's body validation errors: unparsable JSON is 400, a field the body may not
+    have 400 (OpenAI's `unknown_parameter`), a bad value 422."""
+    errors = exc.errors()
+    first = errors[0]
     if first.get("type") in ("json_invalid", "model_attributes_type") or first["loc"] == ("body",):
         detail = first.get("ctx", {}).get("error") or first.get("msg", "")
         return ServeError(
             400, f"the request body is not a JSON object: {detail}", code="invalid_json"
         )
-    param = ".".join(str(part) for part in first["loc"][1:]) or None
+    unknown = next((e for e in errors if e["type"] == "extra_forbidden"), None)
+    if unknown is not None:
+        return _unknown_field(_param(unknown))
+    param = _param(first)
     return ServeError(422, f"{param}: {first['msg']}", param=param, code="invalid_value")
+
+
+def _param(error: Mapping[str, Any]) -> str:
+    """Where a validation error is, as the client wrote it (`text.format.name`)."""
+    return ".".join(str(part) for part in error["loc"][1:])
+
+
+def _unknown_field(param: str) -> ServeError:
+    where = "" if "." in param else f" RAPID options: {', '.join(RAPID_OPTIONS)}"
+    return ServeError(
+        400,
+        f"Unrecognized request argument supplied: {param}.{where}",
+        param=param,
+        code="unknown_parameter",
+    )
+
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+"""The `code` of the errors Starlette raises itself (an unknown route, a wrong method)."""
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -119,7 +165,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
-        code = "not_found" if exc.status_code == 404 else None
+        code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
         error = ServeError(exc.status_code, str(exc.detail), code=code, headers=exc.headers)
         return error.response()
 

@@ -1,21 +1,25 @@
 """Request bodies of the OpenAI endpoints (pydantic), with the RAPID extension fields.
 
-Unknown top-level fields are collected (`extra="allow"`) and checked by `rapid_options`: the
-`RapidConfig` fields in `RAPID_OPTIONS` are accepted (what `extra_body={...}` sends from the
-`openai` SDK), anything else is a 400 naming it. Messages accept and ignore fields they do not
-use (clients add e.g. `refusal` or `name`).
+The models are the truth /openapi.json tells. Values are strict: a boolean is not a number, a
+number is not a string (`max_tokens: true` and `prompt: [false]` are 422 naming the field).
+Option objects (the requests, `response_format`, `text`, `stream_options`) refuse fields they
+do not declare (400 `unknown_parameter` naming it; `additionalProperties: false` in the
+schema). The `RapidConfig` fields in `RAPID_OPTIONS` are declared as top-level fields of their
+config types and defaults (what `extra_body={...}` sends from the `openai` SDK); `RapidConfig`
+checks their values (422 naming the field). Conversation content (messages, their content
+parts, Responses input items, tool specs) accepts fields it does not use, as OpenAI's does
+(clients send back e.g. `refusal`, `annotations` or an item's `id` and `status`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+import typing
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from rapid_integrations.config import RapidConfig
-
-from .errors import ServeError
+from rapid_integrations.config import SEED_RANGE, Mode, RapidConfig
 
 # RapidConfig fields an OpenAI field already sets (temperature, top_p, max_tokens, stop, seed)
 # or that only the server's operator may set (memory, timeouts, callables, the embedder).
@@ -36,9 +40,54 @@ RAPID_OPTIONS = tuple(
 )
 """`RapidConfig` fields a request may set as extra top-level fields (e.g. eta, gamma)."""
 
+Seed = Annotated[int, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1])]
+"""OpenAI's `seed`: a signed 64-bit integer (`RapidConfig.seed`)."""
+StopStrings = Annotated[str, Field(min_length=1)] | list[Annotated[str, Field(min_length=1)]]
+"""`stop`: a string or a list of them, none empty (an empty one would stop at once)."""
+
+
+class _Strict(BaseModel):
+    """An option object: strict values, and no field it does not declare."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """Conversation content: strict values; fields it does not use are accepted and ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+def _request_type(hint: Any) -> Any:
+    """A `RapidConfig` field's type as a JSON request gives it: a fixed-size tuple is a list of
+    that size (JSON has arrays; `RapidConfig` takes lists for tuples)."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is tuple and Ellipsis not in args:
+        return Annotated[list[args[0]], Field(min_length=len(args), max_length=len(args))]  # type: ignore[valid-type]
+    return hint
+
+
+def _rapid_fields() -> dict[str, Any]:
+    """The `RAPID_OPTIONS` as pydantic fields: the config's types, its defaults (documented;
+    only the fields a request sets reach the call, `rapid_options`)."""
+    hints = typing.get_type_hints(RapidConfig)
+    defaults = {f.name: f.default for f in dataclasses.fields(RapidConfig)}
+    return {
+        name: (
+            _request_type(hints[name]),
+            Field(
+                default=defaults[name],
+                description=f"RapidConfig.{name} (docs/algorithm.md); checked by RapidConfig",
+            ),
+        )
+        for name in RAPID_OPTIONS
+    }
+
+
+if TYPE_CHECKING:
+    _RapidFields = _Strict
+else:
+    _RapidFields = create_model("RapidOptions", __base__=_Strict, **_rapid_fields())
 
 
 class ContentPart(_Lenient):
@@ -47,7 +96,8 @@ class ContentPart(_Lenient):
 
 
 class ChatMessage(_Lenient):
-    role: str
+    # developer: OpenAI's newer name for system (read as system).
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
@@ -55,7 +105,7 @@ class ChatMessage(_Lenient):
     reasoning_content: str | None = None  # an earlier turn's reasoning (vLLM's name)
 
 
-class JsonSchemaFormat(_Lenient):
+class JsonSchemaFormat(_Strict):
     """`response_format.json_schema`; the schema is always enforced, as if `strict`."""
 
     name: str | None = None
@@ -64,40 +114,32 @@ class JsonSchemaFormat(_Lenient):
     strict: bool | None = None
 
 
-class ResponseFormat(_Lenient):
+class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StreamOptions(_Lenient):
+class StreamOptions(_Strict):
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # accepted; nothing is obfuscated
 
 
-class _RapidRequest(BaseModel):
+class _RapidRequest(_RapidFields):
     """What every endpoint's request has: the model, and the RAPID extensions."""
 
-    model_config = ConfigDict(extra="allow")
+    _NOT_RAPID: ClassVar[frozenset[str]] = frozenset()  # RAPID_OPTIONS an OpenAI field shadows
 
     model: str
     # RAPID extensions (besides RAPID_OPTIONS): how the draft's context C^S is built.
-    mode: str | None = None
+    mode: Mode = "rapid"
     draft_prompt: str | list[ChatMessage] | None = None
     collection: str | None = None
     query: str | None = None
 
     def rapid_options(self) -> dict[str, Any]:
-        """The extra fields, which must be `RAPID_OPTIONS` (values checked by `RapidConfig`)."""
-        extra = dict(self.model_extra or {})
-        for name in extra:
-            if name not in RAPID_OPTIONS:
-                raise ServeError(
-                    400,
-                    f"Unrecognized request argument supplied: {name}. RAPID options accepted as "
-                    f"extra fields: {', '.join(RAPID_OPTIONS)}",
-                    param=name,
-                    code="unknown_parameter",
-                )
-        return extra
+        """The `RAPID_OPTIONS` the request sets (values checked by `RapidConfig`)."""
+        given = self.model_fields_set.intersection(RAPID_OPTIONS) - self._NOT_RAPID
+        return {name: getattr(self, name) for name in given}
 
 
 class _Request(_RapidRequest):
@@ -105,10 +147,10 @@ class _Request(_RapidRequest):
 
     # Checked here, so that a refusal names the client's field, not the engine's max_new_tokens.
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stop: StopStrings | None = None
+    seed: Seed | None = None
     n: int | None = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -124,7 +166,9 @@ class ChatCompletionRequest(_Request):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None  # a name, a choice or {"function": {"name"}}: Tools.parse checks it
+    # "none", "auto", "required" or {"type": "function", "function": {"name"}}: Tools.parse
+    # checks it ("required" and a named tool need tools; 400 without).
+    tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
 
@@ -140,7 +184,7 @@ class CompletionRequest(_Request):
 # ---- /v1/responses --------------------------------------------------------------------------
 
 
-class TextFormat(_Lenient):
+class TextFormat(_Strict):
     """`text.format` of the Responses API: the `response_format` of chat, flattened."""
 
     type: Literal["text", "json_object", "json_schema"]
@@ -150,24 +194,33 @@ class TextFormat(_Lenient):
     strict: bool | None = None
 
 
-class TextConfig(_Lenient):
+class TextConfig(_Strict):
     format: TextFormat | None = None
     verbosity: Literal["medium"] | None = None  # a hint for OpenAI's models; only the default
+
+
+class ResponsesStreamOptions(_Strict):
+    include_obfuscation: bool | None = None  # accepted; nothing is obfuscated
 
 
 class ResponsesRequest(_RapidRequest):
     """`POST /v1/responses`. Input items stay dicts: `responses.py` reads them, naming the item
     it refuses. Fields of stored state (previous_response_id, conversation, background,
-    prompt) are declared so that they are refused by name, not as unknown."""
+    prompt) are declared so that they are refused by name, not as unknown. `truncation` is the
+    Responses API's own field here, not RapidConfig's."""
+
+    _NOT_RAPID: ClassVar[frozenset[str]] = frozenset({"truncation"})
 
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
     stream: bool | None = False
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None  # "auto", "none", "required" or {"type": "function", "name"}
+    # "auto", "none", "required" or {"type": "function", "name"}; "required" and a named tool
+    # need tools (400 without).
+    tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     store: bool | None = None  # accepted; nothing is stored
@@ -176,7 +229,7 @@ class ResponsesRequest(_RapidRequest):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     service_tier: str | None = None
-    stream_options: dict[str, Any] | None = None
+    stream_options: ResponsesStreamOptions | None = None
     include: list[str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     previous_response_id: str | None = None
@@ -187,5 +240,5 @@ class ResponsesRequest(_RapidRequest):
     top_logprobs: int | None = None
     max_tool_calls: int | None = None
     # Extensions that chat completions take as OpenAI fields.
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    seed: Seed | None = None
+    stop: StopStrings | None = None
