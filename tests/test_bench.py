@@ -16,7 +16,8 @@ from rapid_integrations.bench.plots import PLOTS
 from rapid_integrations.bench.probe import ForwardProbe, peak_memory_bytes, reset_peak_memory
 from rapid_integrations.bench.runner import BenchSettings, long_methods
 from rapid_integrations.bench.scoring import exact_match, normalize_words, token_f1
-from rapid_integrations.bench.summary import summarize
+from rapid_integrations.bench.short import short_tasks
+from rapid_integrations.bench.summary import find_row, summarize
 from rapid_integrations.bench.tables import length_name, markdown
 from rapid_integrations.cli import main
 from rapid_integrations.tokens import encode_prompt
@@ -42,6 +43,9 @@ REQUIRED_FIELDS = {
     "verify_step_seconds",
     "main_step_seconds",
     "cached_prefix_tokens",
+    "call_seconds",
+    "reused_prefill_seconds",
+    "end_to_end_seconds",
 }
 
 
@@ -274,6 +278,42 @@ def test_summary_pools_rates_and_divides_by_lc():
     assert length_name(8192) == "8K" and length_name(512) == "512"
 
 
+def test_end_to_end_ratios_lead_the_tables_and_meet_their_targets():
+    """A row's end-to-end time over lc's, prompt lookup's and llama.cpp's at the same length
+    and kind: times, so below 1 is sooner. The QA table leads with them (llama.cpp's column
+    only where it ran), and rapid's figures hold them against at most 1, 0.8 over lc at 8K."""
+    record = _summary_record
+    records = [
+        record(method, eta, 10, 1.0, drafted=10, accepted=8, context_label=length, **wait)
+        for length in (2048, 8192)
+        for method, eta, wait in (
+            ("lc", None, {"end_to_end_seconds": 10.0}),
+            ("hf-pld", None, {"end_to_end_seconds": 8.0}),
+            ("rapid", 5.0, {"end_to_end_seconds": 6.0 + length / 8192, "label": "rapid eta=5"}),
+        )
+    ]
+    summary = summarize(records)
+    rows = {(r["label"], r["context_label"]): r for r in summary if r["task"] == "all"}
+    assert rows["rapid eta=5", 2048]["end_to_end_over_lc"] == pytest.approx(6.25 / 10)
+    assert rows["rapid eta=5", 2048]["end_to_end_over_prompt_lookup"] == pytest.approx(6.25 / 8)
+    assert rows["rapid eta=5", 8192]["end_to_end_over_lc"] == pytest.approx(0.7)
+    assert rows["lc", 2048]["end_to_end_over_prompt_lookup"] == pytest.approx(1.25)
+    assert rows["rapid eta=5", 2048]["end_to_end_over_llama_cpp"] is None
+    figures = speed_figures(records, summary, {"default_eta": 5.0})
+    table = markdown({}, summary, figures, [])
+    assert "| context | method | e2e / lc | e2e / prompt lookup | e2e s | accuracy |" in table
+    assert "| 2K | rapid eta=5 | 0.62 | 0.78 | 6.2 |" in table
+    assert "| end to end of rapid / lc (qa) | 2K | 0.625 | <= 1 | met |" in table
+    assert "| end to end of rapid / lc (qa) | 8K | 0.7 | <= 0.8 | met |" in table
+    assert "| end to end of rapid / prompt lookup (qa) | 8K | 0.875 | <= 1 | met |" in table
+    llama = record("llama.cpp", None, 10, 1.0, end_to_end_seconds=12.5)
+    summary = summarize([*records, llama])
+    rapid = find_row(summary, label="rapid eta=5", context_label=2048, task="all")
+    assert rapid["end_to_end_over_llama_cpp"] == pytest.approx(0.5)
+    table = markdown({}, summary, [], [])
+    assert "| e2e / lc | e2e / prompt lookup | e2e / llama.cpp | e2e s |" in table
+
+
 def test_rate_figures_pool_rounds_and_give_the_spread_of_their_ratios():
     """Over rounds, the best fixed gamma is the fixed row with the best pooled rate (here
     gamma 16, though gamma 8 wins round 2), and a figure's spread is the lowest and highest
@@ -417,8 +457,18 @@ def test_bench_smoke_run_writes_results_table_and_plots(tmp_path, capsys):
     assert len(followup) == 1 and followup[0]["method"] == "rapid"
     assert followup[0]["cached_prefix_tokens"] > 0  # the document's KV was reused
     suites = {r["suite"] for r in records}
-    assert suites == {"qa", "speed", "tiny-downward", "tiny-upward"}
-    speed = [r for r in records if r["suite"] != "qa"]
+    assert suites == {"qa", "short", "speed", "tiny-downward", "tiny-upward"}
+    # Every call here paid its own prefill (the follow-up's warm cache is the point of it):
+    # the wait for the whole answer is the call's, plus C^S built before it.
+    for r in records:
+        assert r["reused_prefill_seconds"] == 0.0
+        before = r["retrieval_seconds"] or 0.0
+        assert r["end_to_end_seconds"] == pytest.approx(r["call_seconds"] + before)
+        assert r["time_to_first_token"] <= r["end_to_end_seconds"]
+    short = [r for r in records if r["suite"] == "short"]
+    assert len(short) == len(short_tasks()) * (len(DEFAULT_METHODS) + 1)
+    assert all(r["same_text_as_lc"] is not None and 0 <= r["accuracy"] <= 1 for r in short)
+    speed = [r for r in records if r["suite"] not in ("qa", "short")]
     assert all(r["accuracy"] is None and r["new_tokens"] == 6 for r in speed)
     rapid = [r for r in speed if r["method"] == "rapid"]
     assert all(r["acceptance_rate"] is not None and r["verify_step_seconds"] for r in rapid)
@@ -426,7 +476,8 @@ def test_bench_smoke_run_writes_results_table_and_plots(tmp_path, capsys):
     assert "verify step / target decode step" in figures
     assert "accuracy: rapid minus the better of lc and rag (two)" in figures
     table = (out / "results.md").read_text()
-    assert "| context | method | accuracy |" in table and "rapid eta=5" in table
+    assert "| context | method | e2e / lc | e2e / prompt lookup | e2e s | accuracy |" in table
+    assert "rapid eta=5" in table and "## Short prompts, nothing to retrieve" in table
     assert results["draft_precision"] == "none" and "draft copy none, target copy none;" in table
     for name in PLOTS:
         assert (out / name).read_bytes().startswith(b"\x89PNG")
@@ -485,6 +536,16 @@ def test_long_preset_records_carry_the_model_draft_speedup(tmp_path, capsys):
     assert all(r["model_draft_speedup"] is None for r in records if r["method"] in ("lc", "hf-pld"))
     # After lc, the methods reuse the prompt's KV instead of prefilling it again.
     assert all(r["cached_prefix_tokens"] > 0 for r in records if r["method"] in ("sd", "rapid"))
+    # Each is charged lc's prefill, pro rata of the tokens it found cached, so that its wait
+    # for the whole answer compares with lc's and prompt lookup's, which prefill their own.
+    lc = by_label["lc"]
+    for r in records:
+        share = min(1.0, r["cached_prefix_tokens"] / lc["context_tokens"])
+        assert r["reused_prefill_seconds"] == pytest.approx(lc["prefill_seconds"] * share)
+        before = r["reused_prefill_seconds"] + (r["retrieval_seconds"] or 0.0)
+        assert r["end_to_end_seconds"] == pytest.approx(r["call_seconds"] + before)
+    assert by_label["rapid eta=5"]["reused_prefill_seconds"] > 0.5 * lc["prefill_seconds"]
+    assert by_label["hf-pld"]["reused_prefill_seconds"] == 0.0
     # Every record gets both bounds (docs/algorithm.md section 2.12), K from the widest method
     # (the adaptive rows: gamma_max 32 + 10 copies + 1), and its achieved speedup over each.
     assert results["read_bytes_per_second"] > 0

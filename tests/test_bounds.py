@@ -136,6 +136,10 @@ def test_the_speed_table_marks_a_row_over_a_bound():
         "task": "rewrite",
         "context_label": 16384,
         "label": "rapid eta=5",
+        "method": "rapid",
+        "end_to_end_seconds": 60.0,
+        "end_to_end_over_lc": 0.4,
+        "end_to_end_over_prompt_lookup": None,
         "context_tokens": 16000.0,
         "draft_context_tokens": 500.0,
         "prefill_seconds": 0.0,
@@ -148,5 +152,5 @@ def test_the_speed_table_marks_a_row_over_a_bound():
     }
     table = _speed_table([row])
     assert "achieved / speculation bound | achieved / bandwidth bound" in table
-    assert "| long | 16K | rewrite | rapid eta=5 |" in table
+    assert "| long | 16K | rewrite | rapid eta=5 | 0.40 | – | 60.0 | 16000 |" in table
     assert "| 0.5 | 1.3 **over the bound** |" in table

@@ -7,7 +7,7 @@ from typing import Any
 
 from rapid_integrations.config import RapidConfig
 
-from .summary import TASK_ALL, Record, find_row, lc_key, mean
+from .summary import END_TO_END_BASES, TASK_ALL, Record, find_row, lc_key, mean
 
 GIB = 1024**3
 
@@ -37,6 +37,16 @@ SPEEDUP_TARGETS = {
 }
 """Decode speedup of rapid over lc: on QA answers at 8K; on fixed-length decoding at 8K and
 (RoPE-scaled) 32K; on the `long` suite at 32K and 64K."""
+AT_16K = 16384
+NEVER_LATER = _Target(1.0, above=False)
+END_TO_END_TARGETS = {
+    "end_to_end_over_lc": {AT_8K: _Target(0.8, above=False), AT_16K: _Target(0.8, above=False)},
+    "end_to_end_over_prompt_lookup": {},
+}
+"""RAPID's end-to-end time over lc's and over transformers prompt lookup's, on the QA answers
+and the `long` suite: at most 1 at every length (`NEVER_LATER`), over lc's at most 0.8 at 8K
+and 16K. Over llama.cpp's, reported without a target."""
+END_TO_END_SUITES = ("qa", "long")
 MODEL_DRAFT_TARGET = _Target(0.85)
 """Achieved speedup over the model-draft speedup of `bench/model_draft.py` (what the model
 draft's own acceptance would give; not a ceiling: lookup copies cost no draft step), from 8K up."""
@@ -52,16 +62,19 @@ def speed_figures(
     acceptance. Time to first token of a second question on the same document. From the
     speed suite: decode speedup, verify step against a decode step, the share of
     decode time outside forward passes, and peak memory against weights + 2 KV + 1 GiB.
+    From every one of these suites, rapid's end-to-end time over lc's, prompt lookup's and
+    llama.cpp's (where they ran). From the short-prompt set, rapid's agreement with lc.
     """
     eta = meta.get("default_eta", RapidConfig().eta)
     rows = [r for r in summary if r["turn"] == 1 and r["suite"] in SPEEDUP_TARGETS]
     figures = _accuracy_figures([r for r in rows if r["suite"] == "qa"], eta)
     figures += _followup_figures(records)
+    figures += _short_figures(summary, eta)
     for row in rows:
         if _headline(row, eta):
             same = [r for r in rows if lc_key(r) == lc_key(row)]
             lc = next((r for r in same if r["method"] == "lc"), None)
-            ones = _rapid_figures(row, same, lc, meta)
+            ones = _rapid_figures(row, same, lc, meta) + _end_to_end_figures(row)
             if row["suite"] != "qa":
                 ones += _drafting_figures(row, same, lc)
             if row["eta"] != eta:
@@ -244,6 +257,34 @@ def _rapid_figures(
             _Target(1.0, above=False),
         ),
     ]
+
+
+def _end_to_end_figures(row: Record) -> list[Record]:
+    """`row`'s end-to-end time over that of each row of `END_TO_END_BASES` that ran beside
+    it (a time ratio: below 1, rapid's answers arrive sooner)."""
+    suite, length = row["suite"], row["context_label"]
+    figures = []
+    for _, field, shown in END_TO_END_BASES:
+        if row[field] is None:
+            continue
+        target = None
+        if suite in END_TO_END_SUITES and field in END_TO_END_TARGETS:
+            target = END_TO_END_TARGETS[field].get(length, NEVER_LATER)
+        name = f"end to end of rapid / {shown} ({suite})"
+        figures.append(_figure(name, length, row[field], target))
+    return figures
+
+
+def _short_figures(summary: list[Record], eta: float) -> list[Record]:
+    """From the short-prompt set (nothing retrieved: the draft reads the target's prompt),
+    the share of rapid's answers at the default `eta` that are lc's text, which should be
+    all of them; and its end-to-end figures."""
+    row = find_row(summary, suite="short", label=f"rapid eta={eta:g}", turn=1, task=TASK_ALL)
+    if row is None:
+        return []
+    name = "short prompts: share of rapid's answers that are lc's text"
+    agreement = _figure(name, None, row["same_text_as_lc"], _Target(1.0))
+    return [agreement, *_end_to_end_figures(row)]
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -12,7 +12,10 @@ Timing definitions (seconds): prefill_seconds is the prompt's prefill (for trans
 time to the first token, which includes it); time_to_first_token is from the call to the
 first generated token; decode_seconds covers the tokens after prefill, and
 decode_tokens_per_second = new tokens / decode_seconds (for transformers and llama.cpp: tokens
-after the first / time after the first; llama.cpp's prefill_seconds is its eval of the prompt).
+after the first / time after the first; llama.cpp's prefill_seconds is its eval of the prompt);
+call_seconds is from the call to its return, the whole answer (llama.cpp: to its last token,
+the model's load excluded). The record's `end_to_end_seconds` adds what the call did not do
+itself (`bench/runner.py`).
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ class Measurement:
     time_to_first_token: float
     decode_seconds: float
     decode_tokens_per_second: float | None
+    call_seconds: float
     gamma: int | None = None
     drafted_tokens: int = 0
     accepted_tokens: int = 0
@@ -144,6 +148,7 @@ def measure_engine(
     baseline = current_memory_bytes(device)
     start = time.perf_counter()
     out = engine.generate(prompt, draft_prompt, mode=mode, **overrides)
+    call_seconds = time.perf_counter() - start
     timings = probe.decode_timings(
         start + out.stats.prefill_seconds, main_passes=out.stats.target_forward_passes
     )
@@ -153,6 +158,7 @@ def measure_engine(
         peak_memory_bytes=peak_memory_bytes(device),
         baseline_memory_bytes=baseline,
         engine_stats=out.stats.to_dict(),
+        call_seconds=call_seconds,
         **_stats_fields(out.stats),
         **_timing_fields(timings, out.stats.decode_seconds),
     )
@@ -264,15 +270,16 @@ def measure_transformers(
 
 
 def _rate_fields(new_tokens: int, first: float, total: float) -> dict[str, Any]:
-    """Time to the first of `new_tokens` and the decode rate of the others, from the seconds
-    of a call to its first token and to its end (a library's `generate` that hides its
-    prefill: transformers, llama.cpp)."""
+    """Time to the first of `new_tokens`, the decode rate of the others and the call's
+    whole time, from the seconds of a call to its first token and to its end (a library's
+    `generate` that hides its prefill: transformers, llama.cpp)."""
     decode = total - first
     rate = (new_tokens - 1) / decode if new_tokens > 1 and decode > 0 else None
     return {
         "time_to_first_token": first,
         "decode_seconds": decode,
         "decode_tokens_per_second": rate,
+        "call_seconds": total,
     }
 
 

@@ -7,12 +7,16 @@ Suites (field `suite` of each record):
   broad          `--suite broad` alone: the broad QA suite (`bench/suite.py`), one split (dev
                  or test), every method on every task, answers scored, prompt KV shared by
                  the methods of a task
+  short          the short-prompt set (`bench/short.py`: chat and agent turns, nothing to
+                 retrieve) beside the QA suite, or alone with `--suite short`: every method
+                 on every prompt, greedy, answers scored and compared with lc's
   speed          the same model, lc against rapid at a fixed number of decoded tokens; lengths
                  past the model's window use a RoPE-scaled copy (linear scaling)
   tiny-downward  random 8-layer target, 2-layer draft, on the single-needle prompts
   tiny-upward    the same pair with the roles swapped (the draft is the larger model)
 Speed-only suites ignore end-of-sequence, so every method decodes the same number of tokens.
 Every measured call starts from an empty prefix cache except the `turn` 2 question.
+Every record's `end_to_end_seconds` is what a user waits for the whole answer (`_record`).
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ from .prefill import chunk_sizes_to_try, matmul_flops_per_second, prefill_rows
 from .probe import ForwardProbe
 from .report import write_report
 from .scoring import score, token_f1
+from .short import attach_agreement, short_tasks
 from .speed_tasks import SPEED_KINDS, build_speed_tasks
 from .suite import QUESTION_KINDS, SPLITS, build_suite
 from .summary import QA_SUITES
@@ -131,8 +136,10 @@ class BenchSettings:
     Presets that replace the suites: long (the `long` suite at `lengths`, with rapid also at
     each of `gammas`), eta_sweep (QA only, prompt KV shared by the methods of a task), prefill
     (prefill time at `lengths` by `chunk_sizes`, against transformers and the compute bound).
-    suite: "standard" (the suites above) or "broad" (the broad QA suite alone, its `split`
-    half, `texts` by `kinds` of question, `per_cell` tasks per pair, cycling `lengths`).
+    suite: "standard" (the suites above, the short-prompt set after the QA suite except in
+    eta_sweep), "broad" (the broad QA suite alone, its `split` half, `texts` by `kinds` of
+    question, `per_cell` tasks per pair, cycling `lengths`) or "short" (the short-prompt
+    set alone).
     """
 
     out: Path = Path("bench-out")
@@ -203,8 +210,8 @@ class BenchSettings:
             check_choice("target_precision", self.target_precision, TARGET_PRECISIONS)
         presets = [n for n in ("quick", "long", "eta_sweep", "prefill") if getattr(self, n)]
         _require("preset", len(presets) <= 1, f"one preset at most, got {presets}")
-        broad_ok = self.suite != "broad" or not (self.long or self.eta_sweep or self.prefill)
-        _require("preset", broad_ok, "--quick or none with the broad suite")
+        alone_ok = self.suite == "standard" or not (self.long or self.eta_sweep or self.prefill)
+        _require("preset", alone_ok, f"--quick or none with the {self.suite} suite")
         suites = self.speed_lengths or self.rope_lengths or self.tiny_speed
         speed = self.long or (suites and not self.prefill)
         _require("rounds", self.rounds == 1 or speed, "1 where no speed-only suite runs")
@@ -327,7 +334,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "broad": BROAD,
     "broad-quick": BROAD_QUICK,
 }
-SUITES = ("standard", "broad")
+SUITES = ("standard", "broad", "short")
 LONG_VARIANTS = ("adaptive", "adaptive-again", "fallback", "no-lookup")
 LONG_CACHE_BYTES = 1 << 33
 """Prefix cache bound of the long suite: a 64K prompt's KV must stay stored for the methods
@@ -377,6 +384,9 @@ class _Call:
     turn: int = 1
     cold: bool = True  # start from an empty prefix cache
     round: int = 1  # of a speed-only suite's rounds (`BenchSettings.rounds`)
+    stored: tuple[float, int] | None = None
+    """The prefill seconds and prompt tokens of the task's first call, whose prompt KV the
+    call may read where the suite shares it (a cold call finds none)."""
 
 
 @dataclass
@@ -390,8 +400,9 @@ class _Session:
     records: list[dict[str, Any]] = field(default_factory=list)
     bar: Any = None
 
-    def run(self, call: _Call) -> None:
-        """Measure one call and keep its record; speed-only suites are not scored."""
+    def run(self, call: _Call) -> dict[str, Any]:
+        """Measure one call and keep its record (returned too); speed-only suites are not
+        scored."""
         record = _record(call, _measure(call, self.settings.gguf()))
         if call.suite.name not in QA_SUITES:
             record.update(accuracy=None, f1=None)
@@ -401,6 +412,7 @@ class _Session:
             f"{call.suite.name} {call.task.task_id} {call.method.label}", refresh=False
         )
         self.bar.update()
+        return record
 
     def save(self, plots: bool = False) -> None:
         write_report(self.settings.out, self.meta, self.records, plots=plots)
@@ -425,6 +437,8 @@ def run_bench(settings: BenchSettings) -> Path:
     session = _Session(settings, device, dtype, meta)
     if settings.suite == "broad":
         return _run_broad(session, engine, start)
+    if settings.suite == "short":
+        return _run_short(session, engine, start)
     tok, seed = engine.tokenizer, settings.seed
     tasks = build_tasks(tok, settings.kinds, settings.lengths, settings.per_cell, seed)
     kinds = settings.speed_kinds
@@ -433,7 +447,9 @@ def run_bench(settings: BenchSettings) -> Path:
         [] if settings.tiny_models else build_speed_tasks(tok, kinds, settings.rope_lengths, seed)
     )
     tiny = build_speed_tasks(tok, kinds, settings.lengths, seed) if settings.tiny_speed else []
-    runs = len(tasks) * len(settings.method_list()) + sum(map(bool, _followups(settings, tasks)))
+    short = [] if settings.eta_sweep else short_tasks()
+    runs = (len(tasks) + len(short)) * len(settings.method_list())
+    runs += sum(map(bool, _followups(settings, tasks)))
     speed_runs = (len(speed) + len(rope)) * len(SPEED_METHODS) + 2 * len(tiny) * len(TINY_METHODS)
     runs += settings.rounds * speed_runs
     if settings.long or settings.prefill:
@@ -449,6 +465,7 @@ def run_bench(settings: BenchSettings) -> Path:
             _prefill_suite(session, engine, long_tasks)
         else:
             _qa_suite(session, engine, tasks)
+            _short_suite(session, engine, short)
             _speed_suite(session, "speed", engine, speed, SPEED_METHODS)
             if rope:
                 rope_engine = _rope_engine(session, engine, rope)
@@ -468,10 +485,20 @@ def _run_broad(session: _Session, engine: RapidEngine, start: float) -> Path:
     return _finish(session, start)
 
 
+def _run_short(session: _Session, engine: RapidEngine, start: float) -> Path:
+    """The short-prompt set alone, every method on every prompt (no speed suites)."""
+    tasks = short_tasks()
+    runs = len(tasks) * len(session.settings.method_list())
+    with tqdm(total=runs, unit="run", disable=not session.settings.progress) as session.bar:
+        _short_suite(session, engine, tasks)
+    return _finish(session, start)
+
+
 def _finish(session: _Session, start: float) -> Path:
     session.meta["wall_seconds"] = time.perf_counter() - start
     session.meta["machine"]["load_average_end"] = _load_average()
-    session.save(plots=session.settings.suite != "broad")  # its figures are the cells table
+    # The plots draw the standard suites by length; the others have their tables.
+    session.save(plots=session.settings.suite == "standard")
     return session.settings.out
 
 
@@ -582,16 +609,34 @@ def _qa_suite(session: _Session, engine: RapidEngine, tasks: list[Task], name: s
         warm_up(engine, methods, probe, settings.gguf())
         for task, followup in zip(tasks, _followups(settings, tasks), strict=True):
             drafts = _Retrieved.for_methods(engine, task, methods)
+            stored: tuple[float, int] | None = None
             for i, method in enumerate(methods):
                 cold = i == 0 or not suite.share_prefill
                 retrieved = drafts[_own_retriever(method)]
-                session.run(_Call(suite, method, task, retrieved, cold=cold))
+                call = _Call(suite, method, task, retrieved, cold=cold, stored=stored)
+                record = session.run(call)
+                stored = stored or _stored(record)
             if followup:
                 # The engine still holds this document's KV from the methods above.
                 retrieved = _Retrieved.build(engine, followup, True)
                 method = Method("rapid", DEFAULT_ETA)
                 session.run(_Call(suite, method, followup, retrieved, turn=2))
             session.save()
+
+
+def _short_suite(session: _Session, engine: RapidEngine, tasks: list[Task]) -> None:
+    """The short prompts as the QA suite runs its tasks (each call cold), then each record's
+    agreement with lc's answer to the same prompt (`bench/short.py`)."""
+    if not tasks:
+        return
+    _qa_suite(session, engine, tasks, "short")
+    tokenizer = engine.tokenizer
+    for task in tasks:
+        mine = [
+            r for r in session.records if r["suite"] == "short" and r["task_id"] == task.task_id
+        ]
+        attach_agreement(mine, lambda text: tokenizer.encode(text, add_special_tokens=False))
+    session.save()
 
 
 def _followups(settings: BenchSettings, tasks: list[Task]) -> list[Task | None]:
@@ -667,9 +712,14 @@ def _speed_suite(
             retrieved = _Retrieved.build(engine, task, True)
             for round_ in range(1, session.settings.rounds + 1):
                 engine.schedules.clear()
+                stored: tuple[float, int] | None = None
                 for i, method in enumerate(methods):
                     cold = i == 0 or not share_prefill
-                    session.run(_Call(settings, method, task, retrieved, cold=cold, round=round_))
+                    call = _Call(
+                        settings, method, task, retrieved, cold=cold, round=round_, stored=stored
+                    )
+                    record = session.run(call)
+                    stored = stored or _stored(record)
             attach_step_costs(session.records, settings, task, retrieved, device)
             session.save()
 
@@ -870,9 +920,30 @@ def _record(call: _Call, measured: Measurement) -> dict[str, Any]:
         "retrieval_seconds": retrieved.seconds if retrieves else None,
         **dataclasses.asdict(measured),
     }
-    if retrieves:  # the draft prompt was built before the call: count it in the wait
-        record["time_to_first_token"] += retrieved.seconds
+    # What the user waits for beyond the call itself: C^S was built before it, and a call
+    # that read the prompt KV an earlier method stored is charged the prefill that one paid.
+    reused = _reused_prefill(call, measured)
+    waited = (retrieved.seconds if retrieves else 0.0) + reused
+    record["reused_prefill_seconds"] = reused
+    record["time_to_first_token"] += waited
+    record["end_to_end_seconds"] = measured.call_seconds + waited
     return record
+
+
+def _stored(record: dict[str, Any]) -> tuple[float, int]:
+    """`_Call.stored` of the calls after the one that wrote `record`."""
+    return record["prefill_seconds"], record["context_tokens"]
+
+
+def _reused_prefill(call: _Call, measured: Measurement) -> float:
+    """The prefill `call` skipped by reading the prompt KV its task's first method stored:
+    that call's prefill seconds, pro rata of the prompt tokens this one found cached (all but
+    a few where it read the same prompt; a draft reading C^S may share only the template's
+    opening); 0 for a call that paid its own prefill."""
+    if call.stored is None or not measured.cached_prefix_tokens:
+        return 0.0
+    seconds, tokens = call.stored
+    return seconds * min(1.0, measured.cached_prefix_tokens / tokens)
 
 
 # ---- machine description --------------------------------------------------------------------

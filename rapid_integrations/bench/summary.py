@@ -15,8 +15,16 @@ from .bounds import BOUND_NAMES
 
 GROUP_KEYS = ("suite", "method", "label", "eta", "context_label", "turn")
 TASK_ALL = "all"
-QA_SUITES = ("qa", "broad")
+QA_SUITES = ("qa", "broad", "short")
 """Suites whose answers are scored."""
+END_TO_END_BASES = (
+    ("lc", "end_to_end_over_lc", "lc"),
+    ("hf-pld", "end_to_end_over_prompt_lookup", "prompt lookup"),
+    ("llama.cpp", "end_to_end_over_llama_cpp", "llama.cpp"),
+)
+"""The rows a row's end-to-end time is divided by (the target alone, transformers prompt
+lookup, llama.cpp greedy): their label, the summary field of the ratio, and its name in the
+report."""
 CELL_KEYS = ("split", "label", "method", "eta")
 
 Record = dict[str, Any]
@@ -28,6 +36,11 @@ def summarize(records: list[Record]) -> list[Record]:
     Rates are pooled (total tokens / total seconds), also per round (`round_rates`, where a
     speed-only suite ran its methods more than once), acceptance is accepted / drafted over the
     group, and speedup_vs_lc divides by the `lc` row of the same suite, length, task and turn 1.
+    end_to_end_seconds is the mean wait for a whole answer; each field of `END_TO_END_BASES`
+    divides it by that of its method's row there (turn 1; None where that method did not run):
+    below 1, the row's answers arrive sooner. same_text_as_lc is the share of the group's
+    answers that are lc's text, first_difference_from_lc the mean token position where the
+    others part from it (the short-prompt set; None elsewhere).
     accuracy_stderr is the standard error of the mean accuracy over the group's tasks;
     model_draft_ratio is speedup_vs_lc over the mean `model_draft_speedup` of the group's records;
     the bounds of `bench/bounds.py` and the achieved speedup over each are means over the group,
@@ -41,15 +54,22 @@ def summarize(records: list[Record]) -> list[Record]:
     rows = [
         _aggregate(dict(zip((*GROUP_KEYS, "task"), k, strict=True)), rs) for k, rs in groups.items()
     ]
-    lc = {lc_key(r): r for r in rows if r["method"] == "lc" and r["turn"] == 1}
+    bases = {
+        name: {lc_key(r): r for r in rows if r["label"] == name and r["turn"] == 1}
+        for name, _, _ in END_TO_END_BASES
+    }
     for row in rows:
-        base = lc.get(lc_key(row))
+        base = bases["lc"].get(lc_key(row))
         rate, base_rate = row["decode_tokens_per_second"], base and base["decode_tokens_per_second"]
         row["speedup_vs_lc"] = rate / base_rate if rate and base_rate else None
         best = row["model_draft_speedup"]
         row["model_draft_ratio"] = (
             row["speedup_vs_lc"] / best if row["speedup_vs_lc"] and best else None
         )
+        for name, ratio, _ in END_TO_END_BASES:
+            other = bases[name].get(lc_key(row))
+            wait, base_wait = row["end_to_end_seconds"], other and other["end_to_end_seconds"]
+            row[ratio] = wait / base_wait if wait and base_wait else None
     return rows
 
 
@@ -76,9 +96,12 @@ def _aggregate(key: Record, rs: list[Record]) -> Record:
         "decode_tokens_per_second": _pooled_rate(rs),
         "round_rates": _round_rates(rs),
         "texts": _texts(rs),
+        "same_text_as_lc": mean(_number(r.get("same_text_as_lc")) for r in rs),
+        "first_difference_from_lc": mean(r.get("first_difference_from_lc") for r in rs),
         "acceptance_rate": sum(r["accepted_tokens"] for r in rs) / drafted if drafted else None,
         "prefill_seconds": field_mean("prefill_seconds"),
         "time_to_first_token": field_mean("time_to_first_token"),
+        "end_to_end_seconds": mean(r.get("end_to_end_seconds") for r in rs),
         "retrieval_seconds": field_mean("retrieval_seconds"),
         "outside_forward_fraction": _pooled_outside(rs),
         "main_step_seconds": field_mean("main_step_seconds"),
@@ -101,6 +124,11 @@ def _aggregate(key: Record, rs: list[Record]) -> Record:
             default=None,
         ),
     }
+
+
+def _number(flag: bool | None) -> float | None:
+    """A yes/no field as 1.0/0.0, so its mean is the share of yes (None stays None)."""
+    return None if flag is None else float(flag)
 
 
 def mean(values: Iterable[float | None]) -> float | None:

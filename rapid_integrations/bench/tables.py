@@ -7,8 +7,9 @@ from typing import Any
 
 from .bounds import BOUND_NAMES, exceeds
 from .dataset import TASK_KINDS
+from .short import SHORT_KINDS
 from .suite import QUESTION_KINDS
-from .summary import GROUP_KEYS, QA_SUITES, TASK_ALL, Record, find_row
+from .summary import END_TO_END_BASES, GROUP_KEYS, QA_SUITES, TASK_ALL, Record, find_row
 from .texts import TEXT_KINDS
 
 KIND_ORDER = list(dict.fromkeys((*QUESTION_KINDS, *TASK_KINDS)))  # keeps single, two, chat
@@ -26,6 +27,8 @@ def markdown(
     parts = ["# RAPID benchmark results", "", _machine_line(meta), ""]
     if any(r["suite"] == "qa" for r in summary):
         parts += ["## Quality and speed, side by side (greedy)", "", _qa_table(summary), ""]
+    if any(r["suite"] == "short" for r in summary):
+        parts += ["## Short prompts, nothing to retrieve (greedy)", "", _short_table(summary), ""]
     for split in dict.fromkeys(c["split"] for c in cells):
         parts += [f"## Broad suite, {split} half: accuracy by kind (greedy)", ""]
         parts += [_cells_table([c for c in cells if c["split"] == split]), ""]
@@ -53,7 +56,7 @@ def _machine_line(meta: dict[str, Any]) -> str:
         f"torch {m.get('torch')}, "
         f"transformers {m.get('transformers')}, Python {m.get('python')}. "
         f"Load average at start {m.get('load_average_start')}, at end {m.get('load_average_end')}. "
-        f"Preset: {_preset_name(s)}, {s.get('per_cell')} task(s) per {_cell_name(s)}, "
+        f"Preset: {_preset_name(s)}, {_tasks_text(s)}, "
         f"seed {s.get('seed')}" + (f"; wall time {wall / 60:.1f} min." if wall else ".")
     )
 
@@ -63,12 +66,34 @@ def _preset_name(settings: dict[str, Any]) -> str:
     name = next((n.replace("_", "-") for n in names if settings.get(n)), "full")
     if settings.get("suite") == "broad":
         return f"broad suite{' quick' if name == 'quick' else ''}, {settings['split']} half"
+    if settings.get("suite") == "short":
+        return f"short prompts{' quick' if name == 'quick' else ''}"
     return name
 
 
-def _cell_name(settings: dict[str, Any]) -> str:
-    broad = settings.get("suite") == "broad"
-    return "text and question kind, lengths in turn" if broad else "kind and length"
+def _tasks_text(settings: dict[str, Any]) -> str:
+    """How many tasks the run drew ("1 task(s) per kind and length")."""
+    suite = settings.get("suite")
+    if suite == "short":
+        return "its fixed prompts"
+    cell = "text and question kind, lengths in turn" if suite == "broad" else "kind and length"
+    return f"{settings.get('per_cell')} task(s) per {cell}"
+
+
+def _end_to_end_bases(rows: list[Record]) -> list[tuple[str, str]]:
+    """(summary field, column header) of the end-to-end ratios a table leads with: to lc and
+    to prompt lookup always, to llama.cpp where it ran."""
+    ran = {r["method"] for r in rows}
+    return [
+        (field, f"e2e / {shown}")
+        for name, field, shown in END_TO_END_BASES
+        if name != "llama.cpp" or name in ran
+    ]
+
+
+def _end_to_end_cells(row: Record, bases: list[tuple[str, str]]) -> list[str]:
+    """The row's end-to-end ratios of `bases`, then its end-to-end seconds."""
+    return [*(_fmt(row[field]) for field, _ in bases), _fmt(row["end_to_end_seconds"], ".1f")]
 
 
 def length_name(tokens: int) -> str:
@@ -99,6 +124,7 @@ def _accuracy(row: Record | None) -> str:
 def _qa_table(summary: list[Record], suite: str = "qa") -> str:
     qa = [r for r in summary if r["suite"] == suite and r["turn"] == 1]
     kinds = sorted({r["task"] for r in qa} - {TASK_ALL}, key=KIND_ORDER.index)
+    bases = _end_to_end_bases(qa)
     rows = []
     for row in (r for r in qa if r["task"] == TASK_ALL):
         by_kind = [find_row(qa, **{k: row[k] for k in GROUP_KEYS}, task=kind) for kind in kinds]
@@ -106,6 +132,7 @@ def _qa_table(summary: list[Record], suite: str = "qa") -> str:
             [
                 length_name(row["context_label"]),
                 row["label"],
+                *_end_to_end_cells(row, bases),
                 _accuracy(row),
                 *(_accuracy(k) for k in by_kind),
                 _fmt(row["f1"]),
@@ -120,17 +147,68 @@ def _qa_table(summary: list[Record], suite: str = "qa") -> str:
     headers = [
         "context",
         "method",
+        *(header for _, header in bases),
+        "e2e s",
         "accuracy",
         *kinds,
         "F1",
         "C^S recall",
         "decode tok/s",
-        "speedup vs lc",
+        "decode speedup vs lc",
         "acceptance",
         "prefill s",
         "TTFT s",
     ]
     return _table(headers, rows)
+
+
+def _short_table(summary: list[Record]) -> str:
+    """The short-prompt set, one row per method over every prompt: end to end against lc and
+    prompt lookup, then agreement with lc's text (the share of answers that are lc's, and the
+    mean token where the others part from it) by kind of prompt."""
+    short = [r for r in summary if r["suite"] == "short" and r["turn"] == 1]
+    kinds = [k for k in SHORT_KINDS if any(r["task"] == k for r in short)]
+    bases = _end_to_end_bases(short)
+    rows = []
+    for row in (r for r in short if r["task"] == TASK_ALL):
+        by_kind = [find_row(short, **{k: row[k] for k in GROUP_KEYS}, task=kind) for kind in kinds]
+        rows.append(
+            [
+                row["label"],
+                *_end_to_end_cells(row, bases),
+                _agreement(row),
+                *(_agreement(k) for k in by_kind),
+                _fmt(row["first_difference_from_lc"], ".1f"),
+                _accuracy(row),
+                _fmt(row["decode_tokens_per_second"], ".1f"),
+                _fmt(row["acceptance_rate"]),
+                _fmt(row["time_to_first_token"], ".2f"),
+                _fmt(row["context_tokens"], ".0f"),
+                _fmt(row["draft_context_tokens"], ".0f"),
+            ]
+        )
+    headers = [
+        "method",
+        *(header for _, header in bases),
+        "e2e s",
+        "same text as lc",
+        *(f"same text, {kind}" for kind in kinds),
+        "first difference (token)",
+        "accuracy",
+        "decode tok/s",
+        "acceptance",
+        "TTFT s",
+        "target tokens",
+        "draft tokens",
+    ]
+    return _table(headers, rows)
+
+
+def _agreement(row: Record | None) -> str:
+    """How many of a row's answers are lc's text, as "5 of 8"."""
+    if row is None or row["same_text_as_lc"] is None:
+        return _fmt(None)
+    return f"{round(row['same_text_as_lc'] * row['n'])} of {row['n']}"
 
 
 def _cells_table(cells: list[Record]) -> str:
@@ -152,13 +230,17 @@ def _cells_table(cells: list[Record]) -> str:
 def _speed_table(summary: list[Record]) -> str:
     """One row per suite, length, kind of prompt (`--speed-kinds`) and method; prefill s is
     the call's own (near 0 where `--long` reused lc's prompt KV), so lc, transformers and
-    llama.cpp prefills compare side by side."""
+    llama.cpp prefills compare side by side; the end-to-end times charge a call that reused
+    lc's prompt KV with lc's prefill (docs/benchmarks.md)."""
+    speed = [r for r in summary if r["suite"] not in QA_SUITES and r["task"] != TASK_ALL]
+    bases = _end_to_end_bases(speed)
     rows = [
         [
             r["suite"],
             length_name(r["context_label"]),
             r["task"],
             r["label"],
+            *_end_to_end_cells(r, bases),
             _fmt(r["context_tokens"], ".0f"),
             _fmt(r["draft_context_tokens"], ".0f"),
             _fmt(r["prefill_seconds"], ".1f"),
@@ -170,19 +252,20 @@ def _speed_table(summary: list[Record]) -> str:
             *(_bound_cell(r.get(f"achieved_over_{name}")) for name in BOUND_NAMES),
             _fmt(r["peak_memory_bytes"] and r["peak_memory_bytes"] / 2**30),
         ]
-        for r in summary
-        if r["suite"] not in QA_SUITES and r["task"] != TASK_ALL
+        for r in speed
     ]
     headers = [
         "suite",
         "context",
         "prompt",
         "method",
+        *(header for _, header in bases),
+        "e2e s",
         "target tokens",
         "draft tokens",
         "prefill s",
         "decode tok/s",
-        "speedup vs lc",
+        "decode speedup vs lc",
         "acceptance",
         "model draft",
         "speedup / model draft",
