@@ -234,6 +234,35 @@ def test_single_long_user_turn_is_split_like_a_string_prompt():
     assert external[1]["content"] == parts.head + "From the store." + parts.tail
 
 
+def test_a_long_system_message_is_split_like_the_context_it_carries():
+    # LlamaIndex's chat engines and many LangChain prompts put the documents in the system
+    # message and the bare question in the user turn.
+    tok = smol_tokenizer()
+    system = f"Answer from the notes below.\n\n{DOC}\n\nAnswer briefly."
+    chat = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "Hello."},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "What colour was the harbour lighthouse?"},
+    ]
+    result = prepare_draft_prompt(chat, tok, config=config())
+    parts = split_prompt(system, tok)
+    draft = result.prompt
+    assert isinstance(draft, list) and draft[-1] == chat[-1]
+    assert draft[0]["role"] == "system" and draft[0]["content"].startswith(parts.head)
+    assert draft[0]["content"].endswith(parts.tail) and FACT in draft[0]["content"]
+    assert 0 < result.retrieved_tokens <= BUDGET and not result.passthrough
+    assert result.query == "What colour was the harbour lighthouse?"
+    retriever = Fixed(["From the store."])
+    external = build_draft_prompt(chat, tok, retriever, config=config())
+    assert retriever.queries == ["What colour was the harbour lighthouse?"]
+    # As in a user turn: the retriever's passages replace the whole middle, earlier turns too.
+    assert external == [
+        {"role": "system", "content": parts.head + "From the store." + parts.tail},
+        chat[-1],
+    ]
+
+
 def test_explicit_prompt_split_skips_the_heuristics():
     head, tail = "Notes follow.\n", "\nQuestion: What colour was the harbour lighthouse?"
     draft = build_draft_prompt(PromptSplit(head, DOC, tail), smol_tokenizer(), config=config())

@@ -347,14 +347,20 @@ def test_a_template_that_renders_tools_gets_them(ttok, ttarget):
     assert rendered.startswith("<system>get_weather add </s>") and "get_weatherrome" in rendered
 
 
-def test_the_draft_prompt_keeps_the_tool_system_message(ttok):
-    """The draft reads the retrieved context plus the same tool specs."""
-    document = " ".join(f"fact {i} is {i * 7}." for i in range(300))
+def test_the_draft_prompt_keeps_the_tool_system_message(engine, ttok):
+    """The draft reads the retrieved context plus the same tool specs, whole: specs longer
+    than the retrieval budget are instructions, not context to retrieve from."""
+    document = " ".join(f"fact {i} is {i * 7}." for i in range(50))
     chat = [{"role": "user", "content": f"{document}\n\nquestion: what is fact 3"}]
+    config = RapidConfig(retrieval_budget=64)
+    draft, _ = prepare_messages(
+        build_draft_prompt(chat, ttok, config=config), Tools.parse(TOOLS), ttok
+    )
     messages, _ = prepare_messages(chat, Tools.parse(TOOLS), ttok)
-    draft = build_draft_prompt(messages, ttok, config=RapidConfig(retrieval_budget=64))
-    assert draft[0] == messages[0]  # the system message with the tool specs, unchanged
+    assert draft[0] == messages[0] and len(ttok.encode(draft[0]["content"])) > 64
     assert len(draft[-1]["content"]) < len(chat[0]["content"]) / 4
+    out = engine.generate(chat, tools=TOOLS, retrieval_budget=64, max_new_tokens=2)
+    assert out.stats.draft_context_tokens == len(engine._encode(draft, {}))
 
 
 # ---- the content filter ----------------------------------------------------------------------

@@ -4,9 +4,9 @@
 reports how C^S was obtained. Rules (docs/algorithm.md section 1; docs/retrieval.md):
 
 * string prompts keep the instruction head and the question tail verbatim and replace the
-  middle by retrieved passages (`retrieval.splitting` finds the cuts); chat prompts keep the
-  system messages and everything from the last user turn on, and retrieve from earlier turns;
-  token-id prompts are decoded, handled as strings and encoded again;
+  middle by retrieved passages (`retrieval.splitting` finds the cuts); chat prompts keep
+  everything from the last user turn on and retrieve from earlier turns, and a system message
+  or last user turn longer than the budget is cut like a string prompt; token-id prompts are decoded, handled as strings and encoded again;
 * the budget is `config.retrieval_budget`, else `default_budget(prompt tokens)`:
   `clamp(ceil(tokens / 24), 512, 4096)` (the paper's 1/24 and 4096 cap, with a floor for
   4K-8K windows). A middle that fits the budget passes through unchanged;
@@ -219,26 +219,58 @@ def _messages(prompt: object) -> Messages:
 
 
 def _chat_layout(messages: Messages, tokenizer: TokenizerLike, config: RapidConfig) -> _Layout:
-    """System messages and everything from the last user turn on stay; earlier turns are the
-    documents (one per turn). A last user turn longer than the budget carries its own context
-    (RAG templates put the documents there, e.g. LlamaIndex's "Context information is below.
-    ... Query: ..."): it is split like a string prompt and its middle is one more document."""
+    """Everything from the last user turn on stays; earlier user and assistant turns are the
+    documents (one per turn). A system message or last user turn longer than the budget
+    carries its own context: RAG templates put the documents there (LlamaIndex's chat engines
+    in the system message, its query engines' "Context information is below. ... Query: ..."
+    in the user turn). It is split like a string prompt, its middle is one more document, and
+    it keeps its head and tail around its retrieved passages; shorter system messages stay."""
     users = [i for i, m in enumerate(messages) if m["role"] == "user"]
     last_user = users[-1] if users else len(messages) - 1
     earlier = [i for i in range(last_user) if messages[i]["role"] != "system"]
     question = messages[last_user]["content"]
     counts = count_tokens(tokenizer, [m["content"] for m in messages])
-    split = _turn_split(question, counts[last_user], _budget(config, sum(counts)), tokenizer)
+    budget = _budget(config, sum(counts))
+    carriers = sorted({i for i, m in enumerate(messages) if m["role"] == "system"} | {last_user})
+    splits = {
+        i: split
+        for i in carriers
+        if (split := _turn_split(messages[i]["content"], counts[i], budget, tokenizer))
+    }
+    tail = splits[last_user].tail if last_user in splits else question
     return _Layout(
         original=messages,
-        documents=[messages[i]["content"] for i in earlier] + ([split.body] if split else []),
+        documents=[messages[i]["content"] for i in earlier] + [s.body for s in splits.values()],
         total_tokens=sum(counts),
         query_source=question,
-        default_query=default_query(split.tail if split else question, _special_tokens(tokenizer)),
+        default_query=default_query(tail, _special_tokens(tokenizer)),
         assemble=lambda passages, budget: _assemble_chat(
-            messages, earlier, last_user, split, passages, tokenizer, budget
+            messages, _ChatCuts(earlier, last_user, splits), passages, tokenizer, budget
         ),
     )
+
+
+@dataclass(frozen=True)
+class _ChatCuts:
+    """Where a chat prompt's documents come from.
+
+    earlier: indices of the earlier turns, one document each, then one document per entry of
+    `splits` (message index -> its head / context / tail), in that order; last_user: the
+    index of the question's turn.
+    """
+
+    earlier: list[int]
+    last_user: int
+    splits: dict[int, PromptSplit]
+
+    def source(self, doc: int | None) -> int:
+        """The message a passage of document `doc` belongs to. An external retriever's (doc
+        None) replaces the longest context a message carries, else it goes into a user
+        message of its own right before the question (index -1)."""
+        if doc is None:
+            carried = [(len(s.body), i) for i, s in self.splits.items()]
+            return max(carried)[1] if carried else -1
+        return (self.earlier + list(self.splits))[doc]
 
 
 def _turn_split(
@@ -253,53 +285,45 @@ def _turn_split(
 
 def _assemble_chat(
     messages: Messages,
-    earlier: list[int],
-    last_user: int,
-    split: PromptSplit | None,
+    cuts: _ChatCuts,
     passages: list[Passage],
     tokenizer: TokenizerLike,
     budget: int,
 ) -> tuple[Messages, int]:
-    """Messages with earlier turns (and the last turn's own context, when `split`) cut to
-    their retrieved passages, within `budget` content tokens; dropping trailing passages if
-    exact counts exceed it."""
-    own_turn = last_user if split else -1
+    """Messages with earlier turns, and the contexts messages carry, cut to their retrieved
+    passages within `budget` content tokens; dropping trailing passages if exact counts
+    exceed it."""
     while True:
-        retrieved = _retrieved_messages(messages, earlier, passages, own_turn)
-        tokens = sum(count_tokens(tokenizer, [m["content"] for _, m in retrieved]))
+        kept = _retrieved_messages(messages, cuts, passages)
+        tokens = sum(count_tokens(tokenizer, [m["content"] for m in kept.values()]))
         if tokens <= budget or not passages:
             break
         passages = passages[:-1]
-    kept = dict(retrieved)
-    draft = [
-        kept.get(i, m)
-        for i, m in enumerate(messages[:last_user])
-        if m["role"] == "system" or i in kept
-    ]
-    if -1 in kept:  # external passages go right before the question
-        draft.append(kept[-1])
-    rest = messages[last_user:]
-    if split:  # the last turn keeps its head and question around its retrieved context
-        context = kept[last_user]["content"] if last_user in kept else ""
-        rest = [{**rest[0], "content": split.head + context + split.tail}, *rest[1:]]
-    return draft + rest, tokens
+    draft = []
+    for i, message in enumerate(messages):
+        if i == cuts.last_user and -1 in kept:  # external passages go right before the question
+            draft.append(kept[-1])
+        split = cuts.splits.get(i)
+        if split:  # the carrier keeps its head and tail around its retrieved context
+            context = kept[i]["content"] if i in kept else ""
+            draft.append({**message, "content": split.head + context + split.tail})
+        elif i in kept or i >= cuts.last_user or message["role"] == "system":
+            draft.append(kept.get(i, message))
+    return draft, tokens
 
 
 def _retrieved_messages(
-    messages: Messages, earlier: list[int], passages: list[Passage], own_turn: int = -1
-) -> list[tuple[int, dict[str, Any]]]:
-    """(message index, message) for each earlier turn with retrieved passages, keeping its role;
-    passages of an external retriever (doc None) and of the last turn's own context go to
-    `own_turn`: that turn when it was split, else one user message before it (index -1)."""
-    by_turn: dict[int, list[Passage]] = {}
+    messages: Messages, cuts: _ChatCuts, passages: list[Passage]
+) -> dict[int, dict[str, Any]]:
+    """Message index -> that message (role kept) with the content of its retrieved passages
+    (`_ChatCuts.source`; -1: a new user message)."""
+    by_message: dict[int, list[Passage]] = {}
     for passage in passages:
-        doc = passage.doc
-        index = own_turn if doc is None or doc == len(earlier) else earlier[doc]
-        by_turn.setdefault(index, []).append(passage)
-    return [
-        (i, {**(messages[i] if i >= 0 else {"role": "user"}), "content": join_passages(group)})
-        for i, group in by_turn.items()
-    ]
+        by_message.setdefault(cuts.source(passage.doc), []).append(passage)
+    return {
+        i: {**(messages[i] if i >= 0 else {"role": "user"}), "content": join_passages(group)}
+        for i, group in by_message.items()
+    }
 
 
 # ---- query and retrieval --------------------------------------------------------------------

@@ -546,16 +546,19 @@ class RapidEngine:
             cfg = cfg.replace(eta=0.0)
         seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(DRAWN_SEEDS)
         stats = RapidStats(mode=mode, eta=cfg.eta, gamma=cfg.gamma, seed=seed)
+        plain, _ = self._with_tools(prompt, None)  # calls and results rendered, no specs
         prompt, template = self._with_tools(prompt, tools)
         ids = self._fit(self._encode(prompt, template), self.target, cfg)
         short = isinstance(cfg.speculate_min_context, int) and len(ids) < cfg.speculate_min_context
         if mode in ("rapid", "sd") and short:
             mode = "lc"  # too short for speculation to pay off (docs/algorithm.md section 2.9)
         if mode in ("rapid", "rag") and draft_prompt is None:
+            # Retrieved before the tool specs join the system message: they are instructions
+            # the draft reads whole, never context to cut (docs/algorithm.md section 11).
             draft_prompt, mode = self._retrieve(
-                prompt, ids, retriever, options.query, cfg, stats, mode
+                plain, ids, retriever, options.query, cfg, stats, mode
             )
-        elif draft_prompt is not None:
+        if draft_prompt is not None:
             draft_prompt, _ = self._with_tools(draft_prompt, tools)
         draft_ids = None
         if mode in ("rapid", "rag"):
