@@ -562,8 +562,8 @@ class RapidEngine:
             draft_prompt, _ = self._with_tools(draft_prompt, tools)
         draft_ids = None
         if mode in ("rapid", "rag"):
-            # The draft reads the same system message and tool specs (docs/algorithm.md
-            # section 11): the retrieved prompt keeps system turns, the template gets tools.
+            # The draft reads the same tool specs (docs/algorithm.md section 11): they join
+            # its retrieved prompt above, and the template gets the same arguments.
             assert draft_prompt is not None  # given, or retrieved above
             draft_ids = self._fit(self._encode(draft_prompt, template), self.draft, cfg)
         elif mode == "sd":
