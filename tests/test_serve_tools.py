@@ -365,7 +365,7 @@ BAD_CALL_TURN = {"role": "assistant", "tool_calls": [BAD_CALL]}
         ({"tools": TOOLS, "tool_choice": "send_email"}, 400, "tool_choice", "names no given"),
         ({"tools": TOOLS, "tool_choice": {"type": "function"}}, 400, "tool_choice", "names no"),
         ({"tool_choice": "required"}, 400, "tool_choice", "without tools"),
-        ({"tools": TOOLS, "tool_choice": 3}, 400, "tool_choice", "names no given"),
+        ({"tools": TOOLS, "tool_choice": 3}, 422, "tool_choice", "valid string"),
         ({"response_format": {"type": "xml"}}, 422, "response_format.type", ""),
         (
             {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},

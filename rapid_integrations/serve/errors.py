@@ -129,14 +129,26 @@ def _validation_error(exc: RequestValidationError) -> ServeError:
         )
     unknown = next((e for e in errors if e["type"] == "extra_forbidden"), None)
     if unknown is not None:
-        return _unknown_field(_param(unknown))
-    param = _param(first)
+        return _unknown_field(_param(unknown, exc.body))
+    param = _param(first, exc.body)
     return ServeError(422, f"{param}: {first['msg']}", param=param, code="invalid_value")
 
 
-def _param(error: Mapping[str, Any]) -> str:
-    """Where a validation error is, as the client wrote it (`text.format.name`)."""
-    return ".".join(str(part) for part in error["loc"][1:])
+def _param(error: Mapping[str, Any], body: Any) -> str:
+    """Where a validation error is, as the client wrote it (`text.format.name`): the error's
+    path through the body, without the names pydantic gives a union's members (`stop.str`);
+    a missing field ends the path."""
+    path: list[str] = []
+    node = body
+    for part in error["loc"][1:]:
+        inside = isinstance(node, dict) and part in node
+        at = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if inside or at:
+            node = node[part]
+            path.append(str(part))
+    if error["type"] == "missing":
+        path.append(str(error["loc"][-1]))
+    return ".".join(path)
 
 
 def _unknown_field(param: str) -> ServeError:
