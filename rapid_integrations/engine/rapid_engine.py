@@ -472,21 +472,21 @@ class RapidEngine:
         )
 
     def _grammar(self, grammar: object, tools: Tools | None) -> Grammar | None:
-        """Check a call's `grammar=` (or make the tools' one) and compile it now, so errors
-        raise before decoding."""
+        """Check a call's `grammar=` and compile it now, so errors raise before decoding.
+        With tools, the tools' grammar, `grammar=` then being what an answer that is no call
+        must match (`Tools.grammar`, docs/algorithm.md section 11)."""
+        if grammar is not None:
+            from rapid_integrations.structured_output.grammar import Grammar
+
+            if not isinstance(grammar, Grammar):
+                raise GrammarError(
+                    "grammar must be a rapid_integrations.Grammar (Grammar.json_schema, .regex, "
+                    f".ebnf or .json_object), got {type(grammar).__name__}"
+                )
         if tools is not None:
-            if grammar is not None:
-                raise GrammarError("pass grammar= or tools=, not both: tools bring their grammar")
-            grammar = tools.grammar(self.tokenizer)
+            grammar = tools.grammar(self.tokenizer, grammar)
         if grammar is None:
             return None
-        from rapid_integrations.structured_output.grammar import Grammar
-
-        if not isinstance(grammar, Grammar):
-            raise GrammarError(
-                "grammar must be a rapid_integrations.Grammar (Grammar.json_schema, .regex, "
-                f".ebnf or .json_object), got {type(grammar).__name__}"
-            )
         self._grammars().matcher(grammar)
         return grammar
 

@@ -21,7 +21,7 @@ class Grammar:
     """What a call's output must match. Build one with a constructor:
 
     `Grammar.json_schema(schema)`, `Grammar.regex(pattern)`, `Grammar.ebnf(text)`,
-    `Grammar.json_object()`. `kind` and `source` identify it (equal grammars compile once);
+    `Grammar.json_object()`, `Grammar.union(*grammars)`. `kind` and `source` identify it (equal grammars compile once);
     `schema` is the JSON schema for json_schema grammars (None otherwise).
     """
 
@@ -74,6 +74,14 @@ class Grammar:
         text = json.dumps(tag)
         built = _build("structural tag", lambda: xgr.Grammar.from_structural_tag(text))
         return cls("structural_tag", text, None, built)
+
+    @classmethod
+    def union(cls, *grammars: Grammar) -> Grammar:
+        """Text matching any one of `grammars` as a whole (tool calls or an answer in a
+        schema, `Tools.grammar`)."""
+        source = json.dumps([[g.kind, g.source] for g in grammars])
+        built = _build("union", lambda: xgr.Grammar.union(*(g.xgrammar for g in grammars)))
+        return cls("union", source, None, built)
 
 
 class GrammarCompiler:

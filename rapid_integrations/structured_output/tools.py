@@ -78,37 +78,56 @@ class Tools:
     def names(self) -> list[str]:
         return [s["function"]["name"] for s in self.specs]
 
-    def grammar(self, tokenizer: Any) -> Grammar:
+    def grammar(self, tokenizer: Any, answer: Grammar | None = None) -> Grammar:
         """What decoding must match under the tool choice (an xgrammar structural tag), for
         the model behind `tokenizer`: text outside calls never holds the call or result markup,
-        and several calls are separated by `call_separator(tokenizer)`."""
+        and several calls are separated by `call_separator(tokenizer)`.
+
+        `answer`: what an answer that is not a call must match (a response format, as OpenAI,
+        vLLM and Ollama take it next to tools): under "auto" the output is then either calls
+        or one such answer, under "none" that answer; "required" and a named tool still call.
+        """
         from rapid_integrations.structured_output.grammar import Grammar
 
         if self.choice == "none":
+            if answer is not None:
+                return answer
             text = {"type": "any_text", "excludes": [CALL_OPEN, RESPONSE_OPEN]}
             return Grammar.structural_tag({"type": "structural_tag", "format": text})
-        chosen = [
-            s for s in self.specs if self.choice in CHOICES or s["function"]["name"] == self.choice
-        ]
-        tags = [_call_tag(s["function"]) for s in chosen]
-        one = not self.parallel
+        if self.choice == "auto" and answer is not None:
+            return Grammar.union(self._calls(tokenizer, several=True), answer)
         if self.choice == "auto":
             form = {
                 "type": "triggered_tags",
                 "triggers": [CALL_OPEN],
-                "tags": tags,
-                "stop_after_first": one,
+                "tags": self._tags(),
+                "stop_after_first": not self.parallel,
                 "excludes": [RESPONSE_OPEN],
             }
-        else:
-            form = {
-                "type": "tags_with_separator",
-                "tags": tags,
-                "separator": call_separator(tokenizer),
-                "at_least_one": True,
-                "stop_after_first": one or self.choice != "required",
-            }
+            return Grammar.structural_tag({"type": "structural_tag", "format": form})
+        return self._calls(tokenizer, several=self.choice == "required")
+
+    def _calls(self, tokenizer: Any, several: bool) -> Grammar:
+        """One call and nothing else, or several when `several` ("required", or "auto" beside
+        an answer) and parallel calls are allowed."""
+        from rapid_integrations.structured_output.grammar import Grammar
+
+        form = {
+            "type": "tags_with_separator",
+            "tags": self._tags(),
+            "separator": call_separator(tokenizer),
+            "at_least_one": True,
+            "stop_after_first": not (self.parallel and several),
+        }
         return Grammar.structural_tag({"type": "structural_tag", "format": form})
+
+    def _tags(self) -> list[dict[str, Any]]:
+        """The call tags of the tools the choice allows (all, or the named one)."""
+        return [
+            _call_tag(s["function"])
+            for s in self.specs
+            if self.choice in CHOICES or s["function"]["name"] == self.choice
+        ]
 
 
 def _spec(i: int, tool: object) -> dict[str, Any]:
