@@ -21,8 +21,9 @@ class Grammar:
     """What a call's output must match. Build one with a constructor:
 
     `Grammar.json_schema(schema)`, `Grammar.regex(pattern)`, `Grammar.ebnf(text)`,
-    `Grammar.json_object()`, `Grammar.union(*grammars)`. `kind` and `source` identify it (equal grammars compile once);
-    `schema` is the JSON schema for json_schema grammars (None otherwise).
+    `Grammar.json_object()`, `Grammar.union(*grammars)`. `kind` and `source` identify it
+    (equal grammars compile once); `schema` is the JSON schema for json_schema grammars (None
+    otherwise).
     """
 
     kind: str
