@@ -33,12 +33,12 @@ from rapid_integrations.adapters.params import (
     merge_overrides,
     retriever_identity,
     translate_generate_kwargs,
+    with_device_map,
 )
 from rapid_integrations.adapters.timeouts import (
     RapidTimeoutError as RapidTimeoutError,  # re-exported
 )
 from rapid_integrations.adapters.timeouts import TimedRun
-from rapid_integrations.batching.batcher import batched_stream
 from rapid_integrations.config import FIELD_NAMES, Mode, check_mode
 from rapid_integrations.engine.args import LOADING_FIELDS
 from rapid_integrations.engine.call_options import CallOptions
@@ -278,13 +278,9 @@ class RapidParams(BaseModel):
                 "calls made together (batch(), concurrent invoke/ainvoke) are decoded in "
                 "one batch on the engine; there is no batch size to set",
             )
-        loading = dict(model_kwargs or {})
-        if device_map is not None:
-            if device is not None:
-                raise RapidConfigError("device_map", "give either device or device_map, not both")
-            if "device_map" in loading:
-                raise RapidConfigError("device_map", "already given in model_kwargs")
-            loading["device_map"] = device_map
+        if device_map is not None and device is not None:
+            raise RapidConfigError("device_map", "give either device or device_map, not both")
+        loading = with_device_map(model_kwargs, device_map)
         generation = dict(pipeline_kwargs or {})
         for key in ("temperature", "top_p", "top_k", "repetition_penalty", "do_sample"):
             if key in kwargs and key not in generation:
@@ -346,7 +342,7 @@ class RapidParams(BaseModel):
         if stop is not None:
             call["stop"] = tuple(stop)
         options = CallOptions.of({"mode": self.mode, **self._config_overrides(), **call})
-        return TimedRun(batched_stream(self.get_engine(), prompt, options), self.timeout)
+        return self._handle.stream(prompt, options, self.timeout)
 
     def _usage(self, output: RapidOutput) -> UsageMetadata:
         """Real token counts: the target's prompt and the committed tokens, of which a

@@ -182,12 +182,7 @@ class ChatRapid(RapidParams, BaseChatModel):
         """
         run = self._start(to_chat_messages(messages), stop, kwargs)
         for delta in run.deltas():
-            if (
-                delta.text
-                or delta.reasoning
-                or delta.logprobs
-                or (stream_calls and delta.tool_calls)
-            ):
+            if delta.releases(calls=stream_calls):
                 yield _chunk(delta, stream_calls)
         yield self._last_chunk(run.output, stream_calls)
 

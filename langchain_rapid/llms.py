@@ -14,7 +14,7 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from pydantic import ConfigDict
 
 from rapid_integrations import RapidOutput
-from rapid_integrations.adapters.params import has_chat_template, user_turn
+from rapid_integrations.adapters.params import completion_prompt
 from rapid_integrations.adapters.timeouts import TimedRun
 from rapid_integrations.output.openai_logprobs import openai_completion_logprobs
 
@@ -145,7 +145,7 @@ class RapidLLM(RapidParams, BaseLLM):
         text_offset), so that adding the chunks joins the lists."""
         offset = 0  # where the next chunk's tokens start in the text (text_offset)
         for delta in run.deltas():
-            if not (delta.text or delta.logprobs):
+            if not delta.releases(reasoning=False, calls=False):
                 continue
             logprobs = (
                 openai_completion_logprobs(delta.logprobs, offset) if delta.logprobs else None
@@ -161,9 +161,7 @@ class RapidLLM(RapidParams, BaseLLM):
 
     def _as_prompt(self, prompt: str) -> str | list[dict[str, str]]:
         """The string as one user turn for a model with a chat template, unless raw."""
-        if self.raw_completion or not has_chat_template(self.get_engine().tokenizer):
-            return prompt
-        return user_turn(prompt)
+        return completion_prompt(prompt, self.get_engine().tokenizer, self.raw_completion)
 
     def _generation_info(self, output: RapidOutput) -> dict[str, Any]:
         """The last chunk's: metadata, usage, a reasoning section's text as

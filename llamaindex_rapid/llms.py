@@ -39,15 +39,14 @@ from rapid_integrations import RapidConfig, RapidConfigError, RapidInputError, R
 from rapid_integrations.adapters.aio import aiter_in_thread
 from rapid_integrations.adapters.handle import EngineHandle
 from rapid_integrations.adapters.params import (
+    completion_prompt,
     config_overrides,
     deprecated,
     has_chat_template,
     merge_overrides,
     translate_generate_kwargs,
-    user_turn,
+    with_device_map,
 )
-from rapid_integrations.adapters.timeouts import TimedRun
-from rapid_integrations.batching.batcher import batched_stream
 from rapid_integrations.config import FIELD_NAMES, Mode, check_mode
 from rapid_integrations.engine.call_options import CALL_NAMES, CallOptions
 from rapid_integrations.output.openai_logprobs import openai_chat_logprobs, openai_token
@@ -216,7 +215,7 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
             "dtype": dtype,
             "draft_precision": draft_precision,
             "target_precision": target_precision,
-            "model_kwargs": _with_device_map(model_kwargs, device_map),
+            "model_kwargs": with_device_map(model_kwargs, device_map),
             "draft_model_kwargs": draft_model_kwargs or {},
             "tokenizer_kwargs": tokenizer_kwargs or {},
             "compile_draft": compile_draft,
@@ -365,10 +364,8 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
             assert self.completion_to_prompt is not None  # the user's own
             return prompt if formatted else self.completion_to_prompt(prompt)
         system = self.system_prompt if self.system_prompt and not formatted else None
-        if self.raw_completion or not has_chat_template(self.get_engine().tokenizer):
-            return f"{system} {prompt}" if system else prompt
-        head = [{"role": "system", "content": system}] if system else []
-        return head + user_turn(prompt)
+        tokenizer = self.get_engine().tokenizer
+        return completion_prompt(prompt, tokenizer, self.raw_completion, system)
 
     # -- chat ------------------------------------------------------------------------------
 
@@ -500,10 +497,10 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         coroutines' `acomplete` / `achat`, threads) decode together in the engine's batch
         (`batcher.batched_stream`); each gets the answer it gets alone.
         """
-        run = TimedRun(batched_stream(self.get_engine(), prompt, options), self.timeout)
+        run = self._handle.stream(prompt, options, self.timeout)
         step = _Step()
         for delta in run.deltas():
-            if delta.text or delta.reasoning or delta.logprobs or delta.tool_calls:
+            if delta.releases():
                 step = step.after(delta)
                 yield step
         out = run.output
@@ -600,18 +597,6 @@ def _check_values(
             "token-id stops are not supported: give stop strings (stop=[...]); "
             "the model's end-of-sequence and end-of-turn tokens always end generation",
         )
-
-
-def _with_device_map(
-    model_kwargs: dict[str, Any] | None, device_map: str | dict[str, Any] | None
-) -> dict[str, Any]:
-    """`HuggingFaceLLM`'s device_map, as the `model_kwargs` entry it is."""
-    model_kwargs = dict(model_kwargs or {})
-    if device_map is not None:
-        if "device_map" in model_kwargs:
-            raise RapidConfigError("device_map", "already given in model_kwargs")
-        model_kwargs["device_map"] = device_map
-    return model_kwargs
 
 
 def _template(query_wrapper: str | PromptTemplate | None) -> PromptTemplate | None:

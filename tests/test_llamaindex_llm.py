@@ -26,7 +26,7 @@ from llama_index.core.prompts.chat_prompts import CHAT_TEXT_QA_PROMPT
 from llama_index.core.prompts.default_prompts import DEFAULT_TEXT_QA_PROMPT
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
-import llamaindex_rapid.llms as llms_module
+import rapid_integrations.adapters.handle as handle_module
 from llamaindex_rapid import RapidLLM, RapidRetrieverAdapter
 from rapid_integrations import (
     ContextWindowExceededError,
@@ -240,9 +240,9 @@ def test_chat_passes_role_content_messages(
     llm: RapidLLM, engine: RapidEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[Any] = []
-    stream = llms_module.batched_stream  # the engine's stream, in its batch
+    stream = handle_module.batched_stream  # the engine's stream, in its batch
     monkeypatch.setattr(
-        llms_module, "batched_stream", lambda e, p, o: seen.append(p) or stream(e, p, o)
+        handle_module, "batched_stream", lambda e, p, o: seen.append(p) or stream(e, p, o)
     )
     response = llm.chat(MESSAGES)
     assert seen == [AS_DICTS]

@@ -149,12 +149,14 @@ async def test_async_client_concurrent_requests_equal_the_engine(
 def test_completions_with_stop_and_rapid_options(
     client: openai.OpenAI, reference: RapidEngine
 ) -> None:
-    options = {"eta": 2.0, "gamma": 3, "mode": "rapid", "ignore_eos": True}
+    # The draft reads less than the target, or the call would run as eta 0 (no lean without
+    # retrieval, docs/algorithm.md section 1.1).
+    options = {"eta": 2.0, "gamma": 3, "mode": "rapid", "ignore_eos": True, "draft_prompt": "cab"}
     out = client.completions.create(
         model=MODEL, prompt="a cab faded", max_tokens=16, extra_body=options
     )
     expected = reference.generate(
-        "a cab faded", max_new_tokens=16, eta=2.0, gamma=3, ignore_eos=True
+        "a cab faded", "cab", max_new_tokens=16, eta=2.0, gamma=3, ignore_eos=True
     )
     assert out.choices[0].text == expected.text
     stats = out.usage.model_extra["rapid"]

@@ -13,6 +13,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rapid_integrations.adapters.params import LoadSpec, check_engine_alone, model_name
+from rapid_integrations.adapters.timeouts import TimedRun
+from rapid_integrations.batching.batcher import batched_stream
+from rapid_integrations.engine.call_options import CallOptions
+from rapid_integrations.tokens import Prompt
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -48,6 +52,11 @@ class EngineHandle:
                     # A tokenizer loaded already (for counting) is not loaded twice.
                     self._engine = self.spec.build(self._tokenizer)
         return self._engine
+
+    def stream(self, prompt: Prompt, options: CallOptions, timeout: float | None) -> TimedRun:
+        """One call in the engine's batch (`batcher.batched_stream`: calls made at the same
+        time decode together, each getting the answer it gets alone), under `timeout`."""
+        return TimedRun(batched_stream(self.get(), prompt, options), timeout)
 
     def tokenizer(self) -> PreTrainedTokenizerBase:
         """The target's tokenizer: the engine's once it exists, else loaded alone (no weights)

@@ -180,6 +180,30 @@ def user_turn(prompt: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}]
 
 
+def completion_prompt(
+    prompt: str, tokenizer: PreTrainedTokenizerBase, raw: bool, system: str | None = None
+) -> str | list[dict[str, str]]:
+    """What the engine reads for a completion prompt (both adapters' LLMs): one user turn,
+    after a `system` turn if given, when the tokenizer has a chat template and `raw` is off;
+    else the text, after `system` and a space."""
+    if raw or not has_chat_template(tokenizer):
+        return f"{system} {prompt}" if system else prompt
+    head = [{"role": "system", "content": system}] if system else []
+    return head + user_turn(prompt)
+
+
+def with_device_map(
+    model_kwargs: Mapping[str, Any] | None, device_map: str | dict[str, Any] | None
+) -> dict[str, Any]:
+    """Hugging Face's `device_map` argument, as the `model_kwargs` entry it is."""
+    merged = dict(model_kwargs or {})
+    if device_map is not None:
+        if "device_map" in merged:
+            raise RapidConfigError("device_map", "already given in model_kwargs")
+        merged["device_map"] = device_map
+    return merged
+
+
 def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 

@@ -26,7 +26,7 @@ from rapid_integrations.spec_decode.batch_caps import BatchSeat
 from rapid_integrations.spec_decode.drafting import Proposer
 from rapid_integrations.spec_decode.schedule import GammaSchedule
 from rapid_integrations.structured_output.constraints import Constraints
-from rapid_integrations.structured_output.sections import Gate, Sections, is_empty
+from rapid_integrations.structured_output.sections import Gate, Sections
 from rapid_integrations.structured_output.tools import Tools
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ class Request:
             delta, finish = self._push(token)
             scored = self.scorer.commit(len(self.sections.ids) > before) if self.scorer else ()
             delta = dataclasses.replace(delta, logprobs=scored)
-            if not is_empty(delta):
+            if delta.releases():
                 self.emit(delta)
             if finish:
                 return finish

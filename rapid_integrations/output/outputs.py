@@ -184,6 +184,16 @@ class Delta:
     reasoning: str = ""
     tool_calls: tuple[CallFragment, ...] = ()
 
+    def releases(self, reasoning: bool = True, calls: bool = True) -> bool:
+        """Whether this step released anything a stream shows: text, log probabilities, and
+        (where the stream carries them) reasoning and tool-call fragments."""
+        return bool(
+            self.text
+            or self.logprobs
+            or (reasoning and self.reasoning)
+            or (calls and self.tool_calls)
+        )
+
 
 class Deltas(list[Delta]):
     """A call's committed deltas not yet handed on: its loop appends (`emit`), whoever

@@ -231,11 +231,6 @@ class Sections:
         return Delta(shown, tool_calls=fragments)
 
 
-def is_empty(delta: Delta) -> bool:
-    """Whether a step released nothing to stream."""
-    return not (delta.text or delta.reasoning or delta.tool_calls or delta.logprobs)
-
-
 # A call's markup as the tools' grammar writes it, up to its arguments: the name is read from
 # it, and the arguments' text streams from where it ends (the lookahead: the header is whole).
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
