@@ -287,6 +287,35 @@ def test_text_format_json_schema_and_sdk_parse(
     assert mode.output_text == json_object.text and isinstance(json.loads(mode.output_text), dict)
 
 
+@pytest.mark.parametrize("tool_choice", ["auto", "none"])
+def test_tools_with_text_format_call_or_answer_in_it_like_the_engine(
+    client: openai.OpenAI, engine_output: EngineOutput, tool_choice: str
+) -> None:
+    """Function tools next to `text.format` (the Agents SDK's `output_type` with tools): calls
+    or a document of the schema, as the engine gives it for `tools=` with `grammar=`."""
+    parsed = client.responses.parse(
+        model=MODEL,
+        input="weather in paris",
+        tools=FLAT_TOOLS,
+        tool_choice=tool_choice,
+        parallel_tool_calls=False,  # one call at most: a random model may chain them
+        text_format=Answer,
+        max_output_tokens=100,
+    )
+    expected = engine_output(
+        CHAT,
+        tools=TOOLS,
+        tool_choice=tool_choice,
+        parallel_tool_calls=False,
+        grammar=Grammar.json_schema(to_strict_json_schema(Answer)),
+        max_new_tokens=100,
+    )
+    assert api_calls(parsed) == engine_calls(expected)
+    assert parsed.output_text == expected.text
+    if tool_choice == "none" or not expected.tool_calls:
+        assert parsed.output_parsed == Answer.model_validate_json(expected.text)
+
+
 def test_rapid_options_and_store_are_accepted(client: openai.OpenAI) -> None:
     """RAPID options go as extra fields, as in chat; `store` is accepted, nothing is stored."""
     out = client.responses.create(
@@ -326,12 +355,6 @@ def test_rapid_options_and_store_are_accepted(client: openai.OpenAI) -> None:
         ({"tools": FLAT_TOOLS, "tool_choice": {"type": "web_search"}}, 400, "tool_choice", ""),
         ({"tools": FLAT_TOOLS, "tool_choice": "send_email"}, 400, "tool_choice", "names no"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, 422, "text.format", "schema"),
-        (
-            {"tools": FLAT_TOOLS, "text": {"format": {"type": "json_object"}}},
-            400,
-            "text.format",
-            "^text.format: cannot be combined with tools",
-        ),
         ({"top_logprobs": 2}, 400, "top_logprobs", "log probabilities"),
         ({"include": ["message.output_text.logprobs"]}, 400, "include", "log probabilities"),
         ({"reasoning": {"effort": "low"}}, 400, "reasoning", "not supported"),

@@ -320,6 +320,37 @@ def test_sdk_parse_with_a_pydantic_model(client: openai.OpenAI, engine_output: E
     assert out.choices[0].message.parsed == Answer.model_validate_json(expected.text)
 
 
+@pytest.mark.parametrize("tool_choice", ["auto", "none"])
+def test_tools_with_a_response_format_call_or_answer_in_it_like_the_engine(
+    client: openai.OpenAI, engine_output: EngineOutput, tool_choice: str
+) -> None:
+    """Tools next to `response_format` (the Agents SDK's `output_type` with tools, LangChain's
+    create_agent with a provider strategy): the answer is calls or a document of the schema,
+    as the engine gives it for `tools=` with `grammar=`; under "none" always the document."""
+    out = client.chat.completions.parse(
+        model=MODEL,
+        messages=CHAT,
+        tools=[strict(t) for t in TOOLS],
+        tool_choice=tool_choice,
+        parallel_tool_calls=False,  # one call at most: a random model may chain them
+        response_format=Answer,
+        max_tokens=100,
+    )
+    expected = engine_output(
+        CHAT,
+        tools=TOOLS,
+        tool_choice=tool_choice,
+        parallel_tool_calls=False,
+        grammar=Grammar.json_schema(to_strict_json_schema(Answer)),
+        max_new_tokens=100,
+    )
+    message = out.choices[0].message
+    assert api_calls(message) == engine_calls(expected)
+    assert out.choices[0].finish_reason == FINISH_REASONS[expected.finish_reason]
+    if tool_choice == "none" or not expected.tool_calls:
+        assert message.parsed == Answer.model_validate_json(expected.text)
+
+
 @pytest.mark.parametrize(
     ("body", "engine_kwargs", "max_tokens"),
     [
@@ -378,12 +409,6 @@ BAD_CALL_TURN = {"role": "assistant", "tool_calls": [BAD_CALL]}
             400,
             "response_format.json_schema.schema",
             "invalid JSON schema",
-        ),
-        (
-            {"tools": TOOLS, "response_format": {"type": "json_object"}},
-            400,
-            "response_format",
-            "tools",
         ),
         ({"messages": [*CHAT, BAD_CALL_TURN]}, 400, None, "not JSON"),
     ],

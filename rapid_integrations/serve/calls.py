@@ -237,14 +237,11 @@ def _tool_options(request: ChatCompletionRequest) -> dict[str, Any]:
 
 def _response_format(request: ChatCompletionRequest) -> dict[str, Any]:
     """The engine's `grammar=` of OpenAI's `response_format`: json_object (JSON mode) or
-    json_schema; none for text. The schema is enforced whether or not it says `strict`."""
+    json_schema; none for text. The schema is enforced whether or not it says `strict`; next
+    to tools it is what an answer that is no call must match (`Tools.grammar`)."""
     response_format = request.response_format
     if response_format is None or response_format.type == "text":
         return {}
-    if request.tools:
-        raise unsupported(
-            "response_format", "cannot be combined with tools: the tool-call grammar is enforced"
-        )
     from rapid_integrations.structured_output.grammar import (
         Grammar,  # xgrammar loads on first use, as in the engine
     )
