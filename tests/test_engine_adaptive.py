@@ -668,7 +668,7 @@ def test_every_q_the_verdict_reads_is_the_drafts_own(engines, draft, tok, monkey
     past the drafts too) equals the draft model's no-cache distribution after
     the draft prompt, the tokens emitted so far and the drafts before that row, so the draft
     cache follows every verdict and every vetted copy (docs/algorithm.md section 2.10)."""
-    from rapid_integrations.engine import rapid_engine as engine_module
+    from rapid_integrations.engine import step as step_module
 
     seen = []
 
@@ -683,8 +683,8 @@ def test_every_q_the_verdict_reads_is_the_drafts_own(engines, draft, tok, monkey
         kept.append(self.copies - before)
         return out
 
-    real, real_read, kept = engine_module.verdict, ModelProposer._read, []
-    monkeypatch.setattr(engine_module, "verdict", recording)
+    real, real_read, kept = step_module.verdict, ModelProposer._read, []
+    monkeypatch.setattr(step_module, "verdict", recording)
     monkeypatch.setattr(ModelProposer, "_read", read)
     offered = spy_on_copies(monkeypatch)
     drafted = copies = 0
