@@ -48,6 +48,7 @@ from rapid_integrations.adapters.params import (
     with_device_map,
 )
 from rapid_integrations.config import FIELD_NAMES, Mode, check_mode
+from rapid_integrations.engine.args import LOADING_FIELDS
 from rapid_integrations.engine.call_options import CALL_NAMES, CallOptions
 from rapid_integrations.output.openai_logprobs import openai_chat_logprobs, openai_token
 from rapid_integrations.output.outputs import Delta, TokenLogprob
@@ -206,20 +207,16 @@ class RapidLLM(StructuredByGrammar, FunctionCallingLLM):
         del tokenizer_outputs_to_remove  # only input_ids reach the model: nothing to remove
         old, config_arguments = _sort_arguments(kwargs)
         _check_values(mode, timeout, context_window, stopping_ids)
-        loading = {
-            "model": _hf_name(_renamed(old, "target", model), model_name, "model_name"),
-            "draft_model": _renamed(old, "draft", draft_model),
-            "tokenizer": _hf_name(tokenizer, tokenizer_name, "tokenizer_name"),
-            "device": device,
-            "draft_device": draft_device,
-            "dtype": dtype,
-            "draft_precision": draft_precision,
-            "target_precision": target_precision,
-            "model_kwargs": with_device_map(model_kwargs, device_map),
-            "draft_model_kwargs": draft_model_kwargs or {},
-            "tokenizer_kwargs": tokenizer_kwargs or {},
-            "compile_draft": compile_draft,
-        }
+        given = locals()  # the loading options are this signature's parameters of the same name
+        loading = {name: given[name] for name in LOADING_FIELDS}
+        loading.update(
+            model=_hf_name(_renamed(old, "target", model), model_name, "model_name"),
+            draft_model=_renamed(old, "draft", draft_model),
+            tokenizer=_hf_name(tokenizer, tokenizer_name, "tokenizer_name"),
+            model_kwargs=with_device_map(model_kwargs, device_map),
+            draft_model_kwargs=draft_model_kwargs or {},
+            tokenizer_kwargs=tokenizer_kwargs or {},
+        )
         handle = EngineHandle(engine, loading)
         rapid_config = merge_overrides(
             ("arguments", config_arguments),
