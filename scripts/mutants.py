@@ -385,12 +385,15 @@ MUTANTS: tuple[Mutant, ...] = (
         (COPIES,),
     ),
     Mutant(
-        "seeded-sampled-calls-priced",
-        "a seeded sampled call reads the copies its engine prices: its draws differ by engine",
+        "sampled-calls-priced",
+        "a sampled call reads the copies its engine prices: its draws differ by engine and load",
         "rapid_integrations/spec_decode/drafting.py",
-        "priced = config.greedy or config.seed is None",
+        "priced = config.greedy",
         "priced = True",
-        (COPIES,),
+        (
+            COPIES,
+            "tests/test_engine_api.py::test_a_drawn_seed_fits_javascript_numbers_and_replays_the_call",
+        ),
     ),
     Mutant(
         "copies-priced-below-free",
@@ -407,6 +410,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "return max(0.0, (wide - one) / ((PRICE_WIDTH - 1) * one))",
         "return max(0.0, (wide - one) / ((PRICE_WIDTH - 1) * wide))",
         (COPIES,),
+    ),
+    Mutant(
+        "lean-without-retrieval",
+        "a draft that read the target's own prompt still leans p_hat toward its rounding",
+        "rapid_integrations/engine/rapid_engine.py",
+        'if mode == "rapid" and draft_ids == ids and cfg.eta != 0.0:',
+        'if mode == "rapid" and draft_ids != ids and cfg.eta != 0.0:',
+        ("tests/test_no_lean.py",),
     ),
 )
 
