@@ -30,6 +30,6 @@ def test_mutant_applies_to_the_current_source(mutant, tmp_path):
         assert (ROOT / test.split("::")[0]).is_file(), test
 
 
-def test_the_sweep_covers_the_issue_15_list():
+def test_mutant_names_are_unique_and_there_are_at_least_nine():
     names = {m.name for m in mutants.MUTANTS}
     assert len(names) == len(mutants.MUTANTS) >= 9
