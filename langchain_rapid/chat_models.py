@@ -37,6 +37,7 @@ from .structured import (
     StructuredMethod,
     ToolLike,
     openai_tools,
+    response_format_grammar,
     structured_runnable,
     tool_choice_of,
 )
@@ -95,11 +96,10 @@ class ChatRapid(RapidParams, BaseChatModel):
             tool_calling=True,
             tool_choice=True,
             tool_call_streaming=True,
-            # "Native" structured output means an OpenAI-style `response_format` next to the
-            # tools (create_agent's ProviderStrategy); the engine takes a grammar or tools,
-            # not both, so agents get LangChain's ToolStrategy: a forced call of the schema.
-            # with_structured_output offers all three methods regardless.
-            structured_output=False,
+            # "Native" structured output: an OpenAI-style `response_format` next to the tools
+            # (create_agent's ProviderStrategy), bound by `bind_tools` as the grammar an
+            # answer that is no call must match.
+            structured_output=True,
         )
 
     def get_num_tokens_from_messages(
@@ -237,6 +237,7 @@ class ChatRapid(RapidParams, BaseChatModel):
         tool_choice: str | dict[str, Any] | bool | None = None,
         strict: bool | None = None,
         parallel_tool_calls: bool | None = None,
+        response_format: dict[str, Any] | type | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """Bind tools (anything `convert_to_openai_tool` takes); `tool_choice` "auto",
@@ -244,6 +245,9 @@ class ChatRapid(RapidParams, BaseChatModel):
         constrains decoding to valid calls of these schemas (docs/agents.md); `strict` is
         accepted for compatibility, since calls always match their schema.
         `parallel_tool_calls=False` (as in ChatOpenAI) allows one call: decoding ends after it.
+        `response_format` (OpenAI's, or a schema, as ChatOpenAI takes it; create_agent's
+        provider strategy binds it) is what an answer that is no call must match: under "auto"
+        the model calls tools or answers in it, under "none" it answers in it.
 
         The engine checks the tools when the bound model is called, before decoding anything:
         two tools of one name or a `tool_choice` naming no given tool raise `RapidInputError`,
@@ -257,6 +261,8 @@ class ChatRapid(RapidParams, BaseChatModel):
             kwargs["tool_choice"] = choice
         if parallel_tool_calls is not None:
             kwargs["parallel_tool_calls"] = parallel_tool_calls
+        if response_format is not None:
+            kwargs["grammar"] = response_format_grammar(response_format)
         return super().bind(tools=formatted, **kwargs)
 
     def with_structured_output(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from operator import itemgetter
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from langchain_core.exceptions import OutputParserException
 from langchain_core.messages import AIMessage
@@ -27,6 +27,9 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
 from rapid_integrations import RapidConfigError
+
+if TYPE_CHECKING:
+    from rapid_integrations.structured_output.grammar import Grammar
 
 StructuredMethod = Literal["json_schema", "function_calling", "json_mode"]
 ToolLike = dict[str, Any] | type | Callable[..., Any] | BaseTool
@@ -46,6 +49,36 @@ def tool_choice_of(choice: object) -> object:
     if choice is False:
         return None
     return choice
+
+
+def response_format_grammar(response_format: dict[str, Any] | type) -> Grammar | None:
+    """OpenAI's `response_format` (what create_agent's provider strategy binds, as ChatOpenAI
+    takes it) as the engine's grammar: `{"type": "json_schema", "json_schema": {"schema":
+    ...}}`, `{"type": "json_object"}`, or a pydantic class, TypedDict or JSON schema; None for
+    `{"type": "text"}`. Next to tools it is what an answer that is no call must match."""
+    from rapid_integrations.structured_output.grammar import Grammar
+
+    if not isinstance(response_format, dict) or "type" not in response_format:
+        try:
+            return Grammar.json_schema(convert_to_json_schema(response_format))
+        except (ValueError, TypeError) as exc:
+            raise RapidConfigError(
+                "response_format", f"not an OpenAI response format nor a schema: {exc}"
+            ) from exc
+    kind, spec = response_format["type"], response_format.get("json_schema")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Grammar.json_object()
+    if kind != "json_schema":
+        raise RapidConfigError(
+            "response_format", f"type must be 'json_schema', 'json_object' or 'text', got {kind!r}"
+        )
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise RapidConfigError(
+            "response_format", "json_schema needs a 'schema' object: {'name', 'schema'}"
+        )
+    return Grammar.json_schema(spec["schema"])
 
 
 def structured_runnable(

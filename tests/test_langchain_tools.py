@@ -50,6 +50,7 @@ class Flag(BaseModel):
     size: Literal["s", "m", "l"]
 
 
+FLAG_SCHEMA = Flag.model_json_schema()
 TOOLS = [get_weather, add]
 SPECS = [convert_to_openai_tool(t) for t in TOOLS]
 PROMPT = "weather in paris"
@@ -226,6 +227,49 @@ def test_an_answer_cut_off_by_max_tokens_names_the_cause(engine: RapidEngine, me
     assert result["parsed"] is None
     assert isinstance(result["parsing_error"], OutputParserException)
     assert result["raw"].response_metadata["finish_reason"] == "length"
+
+
+FLAG_FORMAT = {"type": "json_schema", "json_schema": {"name": "flag", "schema": FLAG_SCHEMA}}
+
+
+@pytest.mark.parametrize("response_format", [FLAG_FORMAT, Flag], ids=["openai", "class"])
+@pytest.mark.parametrize("choice", ["auto", "none"])
+def test_tools_with_a_response_format_are_the_engines_calls_or_answer(
+    chat: ChatRapid, engine: RapidEngine, response_format: Any, choice: str
+) -> None:
+    """`bind_tools(tools, response_format=...)`, as create_agent's provider strategy binds it:
+    the engine's tools with the format's grammar, so calls or an answer in the format."""
+    bound = chat.bind_tools(TOOLS, tool_choice=choice, response_format=response_format)
+    grammar = Grammar.json_schema(FLAG_SCHEMA)
+    answers = 0
+    for seed in range(4):
+        message = bound.invoke(PROMPT, seed=seed, temperature=1.0)
+        out = engine.generate(
+            MESSAGES, tools=SPECS, tool_choice=choice, grammar=grammar, seed=seed, temperature=1.0
+        )
+        assert calls_of(message) == engine_calls(out)
+        assert message.content == out.text
+        if not out.tool_calls and out.finish_reason == "eos":
+            Flag.model_validate_json(message.content)
+            answers += 1
+    assert answers > 0  # this random model rarely calls: the engine's tests see both branches
+
+
+@pytest.mark.parametrize(
+    ("response_format", "match"),
+    [
+        ({"type": "xml"}, "type must be"),
+        ({"type": "json_schema", "json_schema": {"name": "x"}}, "'schema' object"),
+        (3, "nor a schema"),
+    ],
+)
+def test_a_bad_response_format_is_refused_when_bound(
+    chat: ChatRapid, response_format: Any, match: str
+) -> None:
+    from rapid_integrations import RapidConfigError
+
+    with pytest.raises(RapidConfigError, match=match):
+        chat.bind_tools(TOOLS, response_format=response_format)
 
 
 def test_structured_output_arguments_are_checked(chat: ChatRapid) -> None:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from llamaindex_rapid import RapidLLM, StructuredOutputError
 from rapid_integrations import (
+    Grammar,
     GrammarError,
     RapidConfigError,
     RapidEngine,
@@ -116,6 +117,29 @@ def test_chat_with_tools_equals_the_engines_own_call(
         jsonschema.validate(selection.tool_kwargs, SCHEMAS[selection.tool_name])
     if choice != "auto":
         assert selections, "a required or named tool choice must give a call"
+
+
+@pytest.mark.parametrize("choice", ["auto", "none"])
+def test_chat_with_tools_and_a_grammar_calls_or_answers_in_it(
+    llm: RapidLLM, engine: RapidEngine, choice: str
+) -> None:
+    """Tools with a response format: `chat_with_tools(..., grammar=...)` is the engine's
+    `tools=` with `grammar=`, calls or an answer in the schema."""
+    grammar = Grammar.json_schema(Forecast.model_json_schema())
+    answers = 0
+    for seed in range(3):
+        response = llm.chat_with_tools(
+            TOOLS, user_msg=QUESTION, tool_choice=choice, grammar=grammar, seed=seed, **SAMPLED
+        )
+        messages = [{"role": "user", "content": QUESTION}]
+        want = own(engine, messages, tool_choice=choice, grammar=grammar, seed=seed, **SAMPLED)
+        selections = llm.get_tool_calls_from_response(response, error_on_no_tool_call=False)
+        assert pairs(selections) == [(c.name, c.arguments) for c in want.tool_calls]
+        assert (response.message.content or "") == want.text
+        if not selections and want.finish_reason == "eos":
+            Forecast.model_validate_json(want.text)
+            answers += 1
+    assert answers > 0
 
 
 def test_one_required_call_without_parallel_calls(llm: RapidLLM, engine: RapidEngine) -> None:
