@@ -108,6 +108,21 @@ def test_streamed_chat_equals_the_engine(client: openai.OpenAI, reference: Rapid
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_usage_counts_the_prompt_tokens_read_from_the_prefix_cache(client: openai.OpenAI) -> None:
+    """`usage.prompt_tokens_details.cached_tokens`, where OpenAI reports its prompt cache: the
+    target's prompt tokens the engine's prefix cache supplied, which the second of two calls
+    on one document reads."""
+    messages = [{"role": "system", "content": DOCUMENT}, {"role": "user", "content": "a deal?"}]
+    outs = [
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+        for _ in range(2)
+    ]
+    for out in outs:
+        cached = out.usage.model_extra["rapid"]["cached_prefix_tokens"]
+        assert out.usage.prompt_tokens_details.cached_tokens == cached
+    assert 0 < outs[1].usage.prompt_tokens_details.cached_tokens < outs[1].usage.prompt_tokens
+
+
 def test_stream_without_include_usage_has_no_usage_chunk(client: openai.OpenAI) -> None:
     chunks = list(
         client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4, stream=True)

@@ -305,8 +305,10 @@ def _message(message: ChatMessage, index: int) -> dict[str, Any]:
 
 
 def usage(outputs: Sequence[RapidOutput], replica: str) -> dict[str, Any]:
-    """OpenAI usage counts of a request's choices (`outputs`, in order): the prompt once, the
-    completions summed; plus the extension field `rapid`: choice 0's stats and the replica."""
+    """OpenAI usage counts of a request's choices (`outputs`, in order): the prompt once (of
+    which `prompt_tokens_details.cached_tokens` came from the prefix cache, as choice 0 read
+    it), the completions summed; plus the extension field `rapid`: choice 0's stats and the
+    replica."""
     prompt = outputs[0].prompt_tokens
     completion = sum(len(o.token_ids) for o in outputs)
     reasoning = sum(o.stats.reasoning_tokens for o in outputs)
@@ -314,6 +316,7 @@ def usage(outputs: Sequence[RapidOutput], replica: str) -> dict[str, Any]:
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": outputs[0].stats.cached_prefix_tokens},
         "completion_tokens_details": {"reasoning_tokens": reasoning},
         "rapid": {**outputs[0].stats.to_dict(), "replica": replica},
     }
