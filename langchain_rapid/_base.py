@@ -345,9 +345,10 @@ class RapidParams(BaseModel):
         return self._handle.stream(prompt, options, self.timeout)
 
     def _usage(self, output: RapidOutput) -> UsageMetadata:
-        """Real token counts: the target's prompt and the committed tokens, of which a
-        reasoning section's (markers included) in `output_token_details`, as ChatOpenAI
-        reports a reasoning model's."""
+        """Real token counts: the target's prompt, of which the prefix cache served
+        `input_token_details["cache_read"]` (where ChatOpenAI and ChatAnthropic report their
+        prompt caches), and the committed tokens, of which a reasoning section's (markers
+        included) in `output_token_details`, as ChatOpenAI reports a reasoning model's."""
         generated = len(output.token_ids)
         # The ignore: at python_version 3.10 mypy reads langchain-core's `typing.NotRequired`
         # (3.11+) as nothing, so the optional token-detail keys look required.
@@ -355,6 +356,7 @@ class RapidParams(BaseModel):
             "input_tokens": output.prompt_tokens,
             "output_tokens": generated,
             "total_tokens": output.prompt_tokens + generated,
+            "input_token_details": {"cache_read": output.stats.cached_prefix_tokens},
         }
         if output.stats.reasoning_tokens:
             usage["output_token_details"] = {"reasoning": output.stats.reasoning_tokens}

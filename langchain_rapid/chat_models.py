@@ -47,6 +47,10 @@ from .structured import (
 _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
 _CALL_BLOCKS = frozenset({"tool_call", "tool_call_chunk", "invalid_tool_call"})
 _CHAT_MESSAGE_ROLES = frozenset({"system", "user", "assistant"})
+# `response_metadata["model_provider"]` of every message and chunk, as ChatOpenAI sets
+# "openai" and ChatOllama "ollama": langchain-core picks a content-block translator by it
+# (none is registered for "rapid", so `content_blocks` parses the standard fields).
+MODEL_PROVIDER = "rapid"
 
 
 class ChatRapid(RapidParams, BaseChatModel):
@@ -65,10 +69,11 @@ class ChatRapid(RapidParams, BaseChatModel):
         chat.invoke("What is the capital of France?").content
         ```
 
-    `response_metadata` holds `model_name`, `finish_reason` and `rapid_stats` (the run's
-    `RapidStats` as a dict: acceptance rate, context sizes, timings, decode tokens/s), and
-    with `logprobs=True` ChatOpenAI's `logprobs`; `usage_metadata` holds the target's prompt
-    tokens and the generated tokens. A reasoning model's section is in
+    `response_metadata` holds `model_name`, `model_provider` ("rapid"), `finish_reason` and
+    `rapid_stats` (the run's `RapidStats` as a dict: acceptance rate, context sizes, timings,
+    decode tokens/s), and with `logprobs=True` ChatOpenAI's `logprobs`; `usage_metadata` holds
+    the target's prompt tokens (those the prefix cache served in
+    `input_token_details["cache_read"]`) and the generated tokens. A reasoning model's section is in
     `additional_kwargs["reasoning_content"]` (docs/langchain.md).
     """
 
@@ -224,7 +229,10 @@ class ChatRapid(RapidParams, BaseChatModel):
                 content="",
                 tool_call_chunks=calls,
                 usage_metadata=self._usage(output),
-                response_metadata=self._response_metadata(output),
+                response_metadata={
+                    **self._response_metadata(output),
+                    "model_provider": MODEL_PROVIDER,
+                },
                 chunk_position="last",
             ),
             generation_info={"logprobs": openai_chat_logprobs(())} if asked else None,
@@ -296,6 +304,7 @@ def _chunk(delta: Delta, stream_calls: bool) -> ChatGenerationChunk:
         content=delta.text,
         additional_kwargs={"reasoning_content": delta.reasoning} if delta.reasoning else {},
         tool_call_chunks=_call_chunks(delta.tool_calls) if stream_calls else [],
+        response_metadata={"model_provider": MODEL_PROVIDER},
     )
     info = {"logprobs": openai_chat_logprobs(delta.logprobs)} if delta.logprobs else None
     return ChatGenerationChunk(message=message, generation_info=info)

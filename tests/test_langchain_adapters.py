@@ -202,16 +202,42 @@ def test_invoke_matches_the_engine(chat: ChatRapid, tiny_engine: RapidEngine) ->
     reply = chat.invoke(PROMPT)
     expected = tiny_engine.generate(MESSAGES, **LONG)
     assert reply.content == expected.text
+    meta = reply.response_metadata
     assert reply.usage_metadata == {
         "input_tokens": tiny_engine.count_tokens(MESSAGES),
         "output_tokens": len(expected.token_ids),
         "total_tokens": tiny_engine.count_tokens(MESSAGES) + len(expected.token_ids),
+        "input_token_details": {"cache_read": meta["rapid_stats"]["cached_prefix_tokens"]},
     }
-    meta = reply.response_metadata
     assert meta["finish_reason"] == "length"
+    assert meta["model_provider"] == "rapid"
     assert meta["model_name"] == tiny_engine.model_name
     assert meta["rapid_stats"]["mode"] == "rapid"
     assert meta["rapid_stats"]["new_tokens"] == len(expected.token_ids)
+
+
+def test_prefix_cache_reads_and_the_provider_are_where_langchain_reads_them(
+    chat: ChatRapid,
+) -> None:
+    """`usage_metadata["input_token_details"]["cache_read"]`: the prompt tokens the engine's
+    prefix cache served, where ChatOpenAI reports its prompt cache (the second call on one
+    prompt reads them); `response_metadata["model_provider"]` on every message and chunk, as
+    ChatOpenAI's "openai" and ChatOllama's "ollama"."""
+    prompt = "abc def " * 40
+    first, second = (chat.invoke(prompt, max_tokens=2) for _ in range(2))
+    for reply in (first, second):
+        cached = reply.response_metadata["rapid_stats"]["cached_prefix_tokens"]
+        assert reply.usage_metadata["input_token_details"] == {"cache_read": cached}
+    assert (
+        0
+        < second.usage_metadata["input_token_details"]["cache_read"]
+        < second.usage_metadata["input_tokens"]
+    )
+    chunks = list(chat.stream(prompt, max_tokens=4))
+    assert {c.response_metadata["model_provider"] for c in chunks} == {"rapid"}
+    merged = sum(chunks[1:], chunks[0])
+    assert merged.response_metadata["model_provider"] == "rapid"
+    assert merged.usage_metadata["input_token_details"]["cache_read"] > 0
 
 
 def test_stop_from_constructor_invoke_and_bind(chat: ChatRapid, tiny_engine: RapidEngine) -> None:

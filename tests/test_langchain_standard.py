@@ -8,11 +8,12 @@ run, on the engine's grammar-constrained decoding.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
 
@@ -123,6 +124,21 @@ class TestChatRapidIntegration(NotOffered, ChatModelIntegrationTests):
     def supports_json_mode(self) -> bool:
         """with_structured_output(method="json_mode"): a grammar of any JSON object."""
         return True
+
+    @property
+    def supported_usage_metadata_details(self) -> dict[str, list[str]]:
+        """The prefix cache's hits: `input_token_details["cache_read"]`."""
+        return {"invoke": ["cache_read_input"], "stream": ["cache_read_input"]}
+
+    def invoke_with_cache_read_input(self, *, stream: bool = False) -> AIMessage:
+        """One prompt twice: the second call reads its prefix from the engine's cache."""
+        chat = ChatRapid(engine=self.engine, max_tokens=4)
+        prompt = "Read this note twice. " * 40 + "What does it say?"
+        chat.invoke(prompt)
+        if not stream:
+            return chat.invoke(prompt)
+        chunks = list(chat.stream(prompt))
+        return cast(AIMessage, sum(chunks[1:], chunks[0]))
 
     # What SmolLM2-135M cannot do, though every call it makes is valid by construction. Greedy
     # decoding makes these failures deterministic, so they are strict: a model or engine change
