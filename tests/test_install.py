@@ -1,4 +1,5 @@
-"""Installing beside the Hugging Face integrations users migrate from.
+"""Installing: the import paths users expect, the pinned test suites, and the Hugging Face
+integrations users migrate from.
 
 langchain-huggingface caps huggingface-hub below 2. Where pip may pick hub 2.x, it falls back
 to langchain-huggingface 0.3 and quietly downgrades langchain-core to 0.3 (seen with
@@ -17,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
@@ -70,3 +72,37 @@ def test_the_huggingface_extra_keeps_langchain_core_1(tmp_path):
     # the pins it resolves langchain-huggingface 0.3.1 with langchain-core 0.3).
     refused = dry_run(f"{ROOT}[huggingface]", "huggingface-hub>=2", report=tmp_path / "r2.json")
     assert refused.returncode != 0 and "ResolutionImpossible" in refused.stderr
+
+
+def test_llamaindex_import_path_works_from_the_installed_distribution(tmp_path):
+    """`from llama_index.llms.rapid import RapidLLM`, as LlamaIndex's integrations are imported,
+    beside `llamaindex_rapid`, in a fresh interpreter outside the checkout (-I: no current
+    folder on the path), so only the installed distribution can provide it; the namespace
+    keeps the other integrations importable."""
+    code = (
+        "from llama_index.llms.rapid import RapidLLM, RapidRetrieverAdapter\n"
+        "import llamaindex_rapid, llama_index.core, llama_index.llms.openai_like\n"
+        "assert RapidLLM is llamaindex_rapid.RapidLLM\n"
+        "assert RapidRetrieverAdapter is llamaindex_rapid.RapidRetrieverAdapter\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_langchain_tests_is_pinned_to_the_installed_minor_release():
+    """The standard suites change between minor releases (new tests, new properties), so the
+    dev extra pins the minor release they pass with, and the installed one is in it."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        dev = tomllib.load(file)["project"]["optional-dependencies"]["dev"]
+    [pin] = [r for r in map(Requirement, dev) if canonicalize_name(r.name) == "langchain-tests"]
+    installed = Version(importlib.metadata.version("langchain-tests"))
+    assert installed in pin.specifier
+    assert Version(f"{installed.major}.{installed.minor + 1}") not in pin.specifier
