@@ -40,6 +40,10 @@ from rapid_integrations.retrieval.splitting import PromptSplit, default_query, s
 
 Messages = list[dict[str, Any]]
 PromptLike = str | Sequence[Mapping[str, Any]] | Sequence[int] | PromptSplit
+Builtin = Callable[[list[str], TokenizerLike, RapidConfig, int], FaissContextRetriever]
+"""Makes the built-in retriever over a prompt's documents: (documents, tokenizer, config,
+budget) -> a retriever whose `select(query)` gives C^S (`FaissContextRetriever.from_config`,
+or the target's attention: `retrieval.attention.cache_retriever_factory`)."""
 
 
 @dataclass(frozen=True)
@@ -110,8 +114,10 @@ def prepare_draft_prompt(
     retriever: ContextRetriever | None = None,
     query: str | None = None,
     config: RapidConfig | None = None,
+    builtin: Builtin | None = None,
 ) -> DraftPrompt:
-    """`build_draft_prompt` plus what happened: tokens retrieved, fallback, target-only."""
+    """`build_draft_prompt` plus what happened: tokens retrieved, fallback, target-only.
+    `builtin`: what retrieves from the prompt's own middle (None: the embedder and FAISS)."""
     config = config or RapidConfig()
     if retriever is not None and not isinstance(retriever, ContextRetriever):
         raise RapidInputError(
@@ -119,12 +125,13 @@ def prepare_draft_prompt(
         )
     if query is not None and not isinstance(query, str):
         raise RapidInputError(f"query must be a string, got {type(query).__name__}")
+    make = builtin or FaissContextRetriever.from_config
     if isinstance(prompt, str | PromptSplit):
-        return _prepare(_text_layout(prompt, tokenizer), tokenizer, retriever, query, config)
+        return _prepare(_text_layout(prompt, tokenizer), tokenizer, retriever, query, config, make)
     if _is_token_ids(prompt):
-        return _prepare_ids(list(prompt), tokenizer, retriever, query, config)
+        return _prepare_ids(list(prompt), tokenizer, retriever, query, config, make)
     layout = _chat_layout(_messages(prompt), tokenizer, config)
-    return _prepare(layout, tokenizer, retriever, query, config)
+    return _prepare(layout, tokenizer, retriever, query, config, make)
 
 
 def _prepare(
@@ -133,13 +140,14 @@ def _prepare(
     retriever: ContextRetriever | None,
     query: str | None,
     config: RapidConfig,
+    builtin: Builtin,
 ) -> DraftPrompt:
     budget = _budget(config, layout.total_tokens)
     middle_tokens = sum(count_tokens(tokenizer, layout.documents))
     if middle_tokens <= budget:
         return DraftPrompt(layout.original, middle_tokens, budget=budget, passthrough=True)
     question, query_failure = _resolve_query(query, config, layout)
-    found = _retrieve(layout.documents, question, tokenizer, retriever, config, budget)
+    found = _retrieve(layout.documents, question, tokenizer, retriever, config, budget, builtin)
     fallback = _join_reasons(query_failure, found.fallback)
     if found.target_only:
         return DraftPrompt(layout.original, 0, fallback, True, question, budget)
@@ -153,10 +161,12 @@ def _prepare_ids(
     retriever: ContextRetriever | None,
     query: str | None,
     config: RapidConfig,
+    builtin: Builtin,
 ) -> DraftPrompt:
     """Token ids go through their text; unchanged prompts keep their exact ids."""
     text = cast(str, tokenizer.decode(ids))  # one flat id list: one string
-    result = _prepare(_text_layout(text, tokenizer), tokenizer, retriever, query, config)
+    layout = _text_layout(text, tokenizer)
+    result = _prepare(layout, tokenizer, retriever, query, config, builtin)
     if result.passthrough or result.target_only:
         return dataclasses.replace(result, prompt=ids)
     encoded = tokenizer(result.prompt, add_special_tokens=False)["input_ids"]
@@ -231,7 +241,7 @@ def _chat_layout(messages: Messages, tokenizer: TokenizerLike, config: RapidConf
     question = messages[last_user]["content"]
     counts = count_tokens(tokenizer, [m["content"] for m in messages])
     budget = _budget(config, sum(counts))
-    carriers = sorted({i for i, m in enumerate(messages) if m["role"] == "system"} | {last_user})
+    carriers = [last_user]  # PLANTED
     splits = {
         i: split
         for i in carriers
@@ -359,6 +369,7 @@ def _retrieve(
     retriever: ContextRetriever | None,
     config: RapidConfig,
     budget: int,
+    builtin: Builtin,
 ) -> _Retrieved:
     """C^S from `retriever`, or from the built-in one over `documents`, per the fallback rule."""
     failure = None
@@ -369,8 +380,8 @@ def _retrieve(
         if config.retrieval_fallback != "builtin":
             return _give_up(failure, config)
     try:
-        builtin = FaissContextRetriever.from_config(documents, tokenizer, config, budget)
-        return _Retrieved(builtin.select(query), failure)
+        chosen = builtin(documents, tokenizer, config, budget).select(query)
+        return _Retrieved(chosen, failure)
     except Exception as exc:  # a broken index must not stop generation: decode target-only
         reason = f"built-in retriever raised {type(exc).__name__}: {exc}"
         return _give_up(_join_reasons(failure, reason) or reason, config, exc)

@@ -46,6 +46,9 @@ class Plan:
     grammar: Grammar | None = None
     tools: Tools | None = None
     gate: Gate | None = None  # the reasoning section (docs/algorithm.md section 13)
+    # C^S read from the target's cache (retriever "attention" / "hybrid"): the plan with the
+    # draft's ids, made from the target's state once its prefill is done; None: known now.
+    after_prefill: Callable[[KVState], Plan] | None = None
 
 
 @dataclass
