@@ -241,7 +241,7 @@ def _chat_layout(messages: Messages, tokenizer: TokenizerLike, config: RapidConf
     question = messages[last_user]["content"]
     counts = count_tokens(tokenizer, [m["content"] for m in messages])
     budget = _budget(config, sum(counts))
-    carriers = [last_user]  # PLANTED
+    carriers = sorted({i for i, m in enumerate(messages) if m["role"] == "system"} | {last_user})
     splits = {
         i: split
         for i in carriers
