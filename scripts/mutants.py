@@ -415,8 +415,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "lean-without-retrieval",
         "a draft that read the target's own prompt still leans p_hat toward its rounding",
         "rapid_integrations/engine/rapid_engine.py",
-        'if mode == "rapid" and draft_ids == ids and cfg.eta != 0.0:',
-        'if mode == "rapid" and draft_ids != ids and cfg.eta != 0.0:',
+        "if draft_ids != ids or cfg.eta == 0.0:",
+        "if draft_ids == ids or cfg.eta == 0.0:",
         ("tests/test_no_lean.py",),
     ),
 )

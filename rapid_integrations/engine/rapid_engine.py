@@ -12,6 +12,7 @@ settle). Modes reuse the same loop:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import time
@@ -78,6 +79,7 @@ from rapid_integrations.structured_output.tools import Tools, prepare_messages
 from rapid_integrations.tokens import Prompt, encode_prompt, is_chat, stop_token_ids
 
 if TYPE_CHECKING:
+    from rapid_integrations.engine.prompts import Builtin
     from rapid_integrations.structured_output.grammar import Grammar, GrammarCompiler
 
 _Y = TypeVar("_Y")
@@ -167,6 +169,7 @@ class RapidEngine:
             compile_draft,
         )
         self.config, options, draft_options = args.check(config)
+        _cache_retriever(retriever)  # an unknown retriever name, before any weights load
         self_draft = args.self_draft
         configure_torch_threads()  # then followed as the load changes (threads.py)
         if tokenizer_kwargs and not (
@@ -387,6 +390,9 @@ class RapidEngine:
         gen = torch.Generator(logits_device(plan.main)).manual_seed(stats.seed)
         limit = min(cfg.max_new_tokens, plan.window - len(plan.ids))
         target = yield from self._start(plan.main, plan.ids, limit, cfg)
+        if plan.after_prefill is not None:  # C^S from the target's cache (`_from_cache`)
+            plan = plan.after_prefill(target)
+            cfg = plan.cfg
         stats.cached_prefix_tokens = target.reused_tokens
         shaping = self._constraints(plan, plan.main, "the model")
         # A grammar ends on its stop tokens even under ignore_eos: nothing may follow it.
@@ -539,6 +545,12 @@ class RapidEngine:
         retriever = options.retriever
         if retriever is ENGINE_RETRIEVER:
             retriever = self.retriever
+        # A retriever named "attention" / "hybrid" reads the target's cache, so the draft's
+        # prompt waits for the target's prefill (`_from_cache`); "rag" never runs the target
+        # and retrieves with the embedder.
+        from_cache = _cache_retriever(retriever)
+        if from_cache is not None:
+            retriever = None
         tools = Tools.parse(options.tools, options.tool_choice, options.parallel_tool_calls)
         grammar = self._grammar(options.grammar, tools)
         cfg = self.config.replace(**options.config)
@@ -552,7 +564,8 @@ class RapidEngine:
         short = isinstance(cfg.speculate_min_context, int) and len(ids) < cfg.speculate_min_context
         if mode in ("rapid", "sd") and short:
             mode = "lc"  # too short for speculation to pay off (docs/algorithm.md section 2.9)
-        if mode in ("rapid", "rag") and draft_prompt is None:
+        deferred = from_cache is not None and mode == "rapid" and draft_prompt is None
+        if mode in ("rapid", "rag") and draft_prompt is None and not deferred:
             # Retrieved before the tool specs join the system message: they are instructions
             # the draft reads whole, never context to cut (docs/algorithm.md section 11).
             draft_prompt, mode = self._retrieve(
@@ -561,18 +574,15 @@ class RapidEngine:
         if draft_prompt is not None:
             draft_prompt, _ = self._with_tools(draft_prompt, tools)
         draft_ids = None
-        if mode in ("rapid", "rag"):
+        if mode in ("rapid", "rag") and not deferred:
             # The draft reads the same tool specs (docs/algorithm.md section 11): they join
             # its retrieved prompt above, and the template gets the same arguments.
             assert draft_prompt is not None  # given, or retrieved above
             draft_ids = self._fit(self._encode(draft_prompt, template), self.draft, cfg)
         elif mode == "sd":
             draft_ids = self._fit(ids, self.draft, cfg)
-        if mode == "rapid" and draft_ids == ids and cfg.eta != 0.0:
-            # The draft read what the target reads: q knows nothing p does not, so a lean
-            # toward it would carry only the draft copy's rounding (docs/algorithm.md section 1.1).
-            cfg = cfg.replace(eta=0.0)
-            stats.eta, stats.lean_skipped = 0.0, True
+        if mode == "rapid":
+            cfg = _lean_only_with_retrieval(cfg, draft_ids, ids, stats)
         stats.mode = mode
         stats.target_context_tokens = len(ids)
         stats.draft_context_tokens = len(draft_ids or ())
@@ -583,7 +593,16 @@ class RapidEngine:
             main, main_ids = self.target, ids
         gate = Gate.for_call(self.tokenizer, cfg, main_ids)
         window = config_window(main.config)
-        return Plan(main, main_ids, window, draft_ids, cfg, grammar, tools, gate), stats
+        plan = Plan(main, main_ids, window, draft_ids, cfg, grammar, tools, gate)
+        if deferred:
+            assert from_cache is not None  # deferred only for a named cache retriever
+            name, query = from_cache, options.query
+
+            def after_prefill(target: KVState) -> Plan:
+                return self._from_cache(name, plain, tools, template, query, stats, plan, target)
+
+            plan = dataclasses.replace(plan, after_prefill=after_prefill)
+        return plan, stats
 
     def _with_tools(self, prompt: Prompt, tools: Tools | None) -> tuple[Prompt, dict[str, Any]]:
         """Chat messages with tools, calls and results rendered for the chat template, and the
@@ -606,8 +625,10 @@ class RapidEngine:
         cfg: RapidConfig,
         stats: RapidStats,
         mode: Mode,
+        builtin: Builtin | None = None,
     ) -> tuple[Prompt, Mode]:
-        """Build the draft prompt by retrieval; returns it and the mode to run (lc on fallback)."""
+        """Build the draft prompt by retrieval; returns it and the mode to run (lc on fallback).
+        `builtin`: what retrieves from the prompt's own middle (None: the embedder)."""
         from rapid_integrations.engine.prompts import prepare_draft_prompt
 
         source = (
@@ -616,11 +637,41 @@ class RapidEngine:
             else cast(str, self.tokenizer.decode(ids))  # one flat id list: one string
         )
         built = prepare_draft_prompt(
-            source, self.tokenizer, retriever=retriever, query=query, config=cfg
+            source, self.tokenizer, retriever=retriever, query=query, config=cfg, builtin=builtin
         )
         stats.retrieved_tokens = built.retrieved_tokens
         stats.retrieval_fallback = built.fallback
         return built.prompt, ("lc" if built.target_only else mode)
+
+    def _from_cache(
+        self,
+        name: str,
+        prompt: Prompt,
+        tools: Tools | None,
+        template: dict[str, Any],
+        query: str | None,
+        stats: RapidStats,
+        plan: Plan,
+        target: KVState,
+    ) -> Plan:
+        """`plan` with the draft's ids, once `target` holds the prompt: C^S scored by the
+        target's attention (`retrieval.attention`, retriever `name`), budgeted and packed as
+        the embedder's is, then encoded and checked as `_plan` does for the embedder's."""
+        from rapid_integrations.retrieval.attention import cache_retriever_factory
+
+        builtin = cache_retriever_factory(name, plan.main, target.cache, plan.ids)
+        cfg = plan.cfg
+        draft_prompt, mode = self._retrieve(
+            prompt, plan.ids, None, query, cfg, stats, "rapid", builtin
+        )
+        draft_ids = None
+        if mode == "rapid":
+            draft_prompt, _ = self._with_tools(draft_prompt, tools)
+            draft_ids = self._fit(self._encode(draft_prompt, template), self.draft, cfg)
+            cfg = _lean_only_with_retrieval(cfg, draft_ids, plan.ids, stats)
+        stats.mode = mode
+        stats.draft_context_tokens = len(draft_ids or ())
+        return dataclasses.replace(plan, draft_ids=draft_ids, cfg=cfg, after_prefill=None)
 
     def _fit(self, ids: list[int], model: PreTrainedModel, cfg: RapidConfig) -> list[int]:
         """Enforce the model's window: raise, or keep head and tail under truncation='head_tail'."""
@@ -633,6 +684,34 @@ class RapidEngine:
         keep = window - min(cfg.max_new_tokens, window // 4)
         head = keep // 4
         return ids[:head] + ids[len(ids) - (keep - head) :]
+
+
+def _lean_only_with_retrieval(
+    cfg: RapidConfig, draft_ids: list[int] | None, ids: list[int], stats: RapidStats
+) -> RapidConfig:
+    """A rapid call's config: eta 0 when the draft reads the target's own prompt, token for
+    token. q then knows nothing p does not, so a lean toward it would carry only the draft
+    copy's rounding (docs/algorithm.md section 1.1); `stats` say so."""
+    if draft_ids != ids or cfg.eta == 0.0:
+        return cfg
+    stats.eta, stats.lean_skipped = 0.0, True
+    return cfg.replace(eta=0.0)
+
+
+def _cache_retriever(retriever: Any) -> str | None:
+    """The name of a retriever that reads the target's cache, None for any other retriever;
+    an unknown name raises `RapidConfigError`."""
+    if not isinstance(retriever, str):
+        return None
+    from rapid_integrations.retrieval.attention import CACHE_RETRIEVERS
+
+    if retriever not in CACHE_RETRIEVERS:
+        raise RapidConfigError(
+            "retriever",
+            f"unknown retriever {retriever!r}: name one of {', '.join(CACHE_RETRIEVERS)}, "
+            "or pass an object with retrieve(query) -> list[str], or None for the embedder",
+        )
+    return retriever
 
 
 def _is_out_of_memory(exc: Exception) -> bool:
