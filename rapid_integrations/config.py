@@ -168,6 +168,13 @@ class RapidConfig:
     reasoning: bool | None = None
     reasoning_markers: tuple[str, str] = ("<think>", "</think>")
     max_reasoning_tokens: int | None = None
+    # deterministic  every token's logits computed by kernel calls whose shape does not
+    #     depend on the pass that reads it (runtime/invariant.py), so that a greedy answer,
+    #     and a seeded sampled one, is the same whatever the thread count, the prefix cache,
+    #     the drafts' lengths or the other calls in a batch (docs/algorithm.md section 8).
+    #     A bf16 model on the CPU only; it costs speed and the shared prefix's memory
+    #     (docs/performance.md, "Deterministic decoding").
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -288,6 +295,7 @@ _CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
         _optional(lambda v: _int(v) and v >= 1),
         "must be an integer >= 1 or None",
     ),
+    ("deterministic", lambda v: isinstance(v, bool), "must be a bool"),
 )
 
 _DRAFTING_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
@@ -319,5 +327,18 @@ _COMBINED_CHECKS: tuple[tuple[str, Callable[[RapidConfig], bool], str], ...] = (
         "max_reasoning_tokens",
         lambda c: c.reasoning is not False or c.max_reasoning_tokens is None,
         "needs reasoning on (True or None), not reasoning=False",
+    ),
+    # Both follow wall time: the payoff stop decides which tokens follow p, and a measured
+    # gamma how a seeded call's draws fall (a greedy call's tokens do not depend on gamma).
+    (
+        "deterministic",
+        lambda c: not (c.deterministic and c.speculate_min_context == "auto"),
+        "cannot be combined with speculate_min_context='auto' (its stop follows wall time)",
+    ),
+    (
+        "deterministic",
+        lambda c: not (c.deterministic and c.adaptive_gamma == "measured" and not c.greedy),
+        "cannot be combined with adaptive_gamma='measured' when sampling (the measured gamma "
+        "follows wall time, and a seeded call's draws follow the gamma)",
     ),
 )

@@ -61,6 +61,7 @@ BAD_VALUES = {
     "reasoning": ["auto", 1],
     "reasoning_markers": ["<think>", ("<t>",), ("<t>", "<t>"), ("", "</t>"), ("<t>", 3)],
     "max_reasoning_tokens": [0, -2, 1.5, True],
+    "deterministic": [1, "yes", None],
 }
 
 

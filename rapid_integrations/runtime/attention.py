@@ -29,7 +29,9 @@ KV in two parts, the prefix and its own tokens; a decode or verify block attends
 and merges the two by their log-sum-exp (`_merged`), so no per-step copy of the prefix is
 made. The segments of a pass that read the same prefix attend to it together, their queries
 stacked (`_shared_partials`): the prefix is read once per layer and pass, not once per
-sequence (the cascade split of SGLang and FlashInfer).
+sequence (the cascade split of SGLang and FlashInfer). A sequence that decodes
+deterministically (`RapidConfig.deterministic`) always runs packed, and its segment attends in
+one call whose shape does not depend on the pass (`invariant.attention`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.utils.import_utils import is_torch_greater_or_equal
 
 from rapid_integrations.models.weight_only import NATIVE_BF16
+from rapid_integrations.runtime import invariant
 
 NAME = "rapid_decode"
 LAYOUT = "rapid_layout"
@@ -59,6 +62,18 @@ class PackedLayout(Protocol):
     def kv(self, layer_idx: int, segment: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Sequence `segment`'s keys and values at `layer_idx`, as consecutive parts
         [1, Hkv, tokens, d]: a shared prefix where it reads one, then its own (last)."""
+        ...
+
+    def padded(self, layer_idx: int, segment: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Where sequence `segment` decodes deterministically, its keys and values at
+        `layer_idx` padded to `invariant.padded_keys` of its length (views of its buffer);
+        None where it does not."""
+        ...
+
+    @property
+    def masks(self) -> dict[tuple[int, int, int], torch.Tensor]:
+        """The pass's deterministic masks, made by the first layer and kept for the others
+        (`invariant.attention`)."""
         ...
 
 
@@ -318,6 +333,12 @@ def _varlen(
     }  # decode and verify blocks on a shared prefix: it is attended for all at once
     before = _shared_partials({i: blocks[i] for i in joint}, joint, scaling)
     for segment, block in enumerate(blocks):
+        padded = layout.padded(module.layer_idx, segment)  # type: ignore[arg-type]
+        if padded is not None:  # deterministic: the canonical kernel call (invariant.py)
+            length = sum(k.shape[-2] for k, _ in kvs[segment])
+            scale = _scale(scaling, block.shape[-1])
+            outputs.append(invariant.attention(block, *padded, length, scale, layout.masks))
+            continue
         *shared, (key, value) = kvs[segment]
         mask, own_mask = masks[segment]
         if segment in before:

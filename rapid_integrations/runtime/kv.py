@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import itertools
@@ -251,8 +250,9 @@ class KVState:
 
     reused_tokens: int = 0
     shared_tokens: int = 0  # of `reused_tokens`, those read in place from a shared prefix
-    # Every pass runs packed, its attention the canonical call (`invariant.py`).
+    # Every pass runs packed, of one kind (`invariant.py`): a prefill pass while `prefilling`.
     deterministic: bool = False
+    prefilling: bool = False
 
     @classmethod
     def start(
@@ -313,8 +313,10 @@ class KVState:
         if reuse is not None:
             state.reused_tokens, parts = reuse.lookup(model, head, deterministic)
             state._load(parts, share=decode is None and not deterministic)
+        state.prefilling = True
         for start in range(state.reused_tokens, len(head), chunk):
             yield Feed(state, ids[start : min(start + chunk, len(head))], draft, keep=1)
+        state.prefilling = False
         state.forward_passes, state.forward_seconds = 0, 0.0  # counted: decode passes only
         state.pending, state.decode = ids[-1:], decode
         if reuse is not None and head:
@@ -533,6 +535,12 @@ class PackedCache:
         self.caches = caches
         self.bounds = bounds
         self.deterministic = list(deterministic) or [False] * len(caches)  # per segment
+        self._masks: dict[tuple[int, int, int], torch.Tensor] = {}
+
+    @property
+    def masks(self) -> dict[tuple[int, int, int], torch.Tensor]:
+        """Deterministic segments' masks, kept from the pass's first layer for the others."""
+        return self._masks
 
     def update(
         self,
@@ -566,7 +574,31 @@ class PackedCache:
 
 def feed_packed(feeds: list[Feed]) -> list[torch.Tensor]:
     """Run `feeds`, all on one model, as one forward pass over a packed row (`PackedCache`);
-    returns each feed's logits [pending + k_i, vocab]."""
+    returns each feed's logits [pending + k_i, vocab]. A deterministic sequence's pass is of
+    one kind (`invariant.py`): its prefill chunk runs alone, its decode passes with the other
+    deterministic sequences' only."""
+    kinds = [_kind(f.state) for f in feeds]
+    if len(set(kinds)) > 1 or kinds.count("prefill") > 1:
+        passes: dict[object, list[int]] = {}
+        for i, kind in enumerate(kinds):
+            passes.setdefault(i if kind == "prefill" else kind, []).append(i)
+        logits: list[torch.Tensor] = [torch.empty(0)] * len(feeds)
+        for members in passes.values():
+            for i, rows in zip(members, _feed_packed([feeds[i] for i in members]), strict=True):
+                logits[i] = rows
+        return logits
+    return _feed_packed(feeds)
+
+
+def _kind(state: KVState) -> invariant.Kind | None:
+    """The kind of pass a sequence's next feed is (None: not a deterministic sequence)."""
+    if not state.deterministic:
+        return None
+    return "prefill" if state.prefilling else "decode"
+
+
+def _feed_packed(feeds: list[Feed]) -> list[torch.Tensor]:
+    """`feed_packed` of feeds whose passes are of one kind (`_kind`)."""
     states = [f.state for f in feeds]
     model = states[0].model
     ids = [s.take(f.tokens) for s, f in zip(states, feeds, strict=True)]
@@ -585,13 +617,9 @@ def feed_packed(feeds: list[Feed]) -> list[torch.Tensor]:
             for end, k in zip(ends, kept, strict=True)
         ]
     )  # [sum(kept)]: the rows the output head reads
-    deterministic = [s.deterministic for s in states]
-    layout = PackedCache([s.cache for s in states], bounds, deterministic)
-    # A deterministic segment's logit rows are the same at any count of kept rows only in
-    # blocks of at most `invariant.HEAD_ROWS` (invariant.py).
-    head = invariant.head_in_blocks(model) if any(deterministic) else contextlib.nullcontext()
+    layout = PackedCache([s.cache for s in states], bounds, [s.deterministic for s in states])
     start = time.perf_counter()
-    with head:
+    with invariant.pass_of(_kind(states[0])):
         out = model(
             input_ids=torch.cat(ids)[None],
             position_ids=positions[None],

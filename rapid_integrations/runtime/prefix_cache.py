@@ -11,6 +11,9 @@ that reuses a prefix reads the first part in place, one copy for every call on t
 where it cannot share) into its own buffer, so entries are never written after they are stored.
 Its own entry then holds the shared part again (a view, not a copy) and its own tokens: at most
 two parts. A buffer is counted once in the byte budget however many entries view it.
+Entries stored by deterministic sequences (`RapidConfig.deterministic`, runtime/invariant.py)
+serve only those, and the others only the others: the same tokens' KV is computed otherwise on
+each path, and a prefix must be the one a fresh call of that kind would compute.
 """
 
 from __future__ import annotations
@@ -54,9 +57,14 @@ class _Entry:
     weights: Fingerprint
     tokens: np.ndarray  # int64 [n]
     parts: Parts  # covering exactly `tokens`
+    deterministic: bool = False  # computed by a deterministic sequence (runtime/invariant.py)
 
-    def serves(self, model: torch.nn.Module, weights: Fingerprint) -> bool:
-        return self.model() is model and self.weights == weights
+    def serves(self, model: torch.nn.Module, weights: Fingerprint, deterministic: bool) -> bool:
+        return (
+            self.model() is model
+            and self.weights == weights
+            and self.deterministic == deterministic
+        )
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -104,16 +112,20 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, model: torch.nn.Module, tokens: Sequence[int]) -> tuple[int, Parts]:
+    def lookup(
+        self, model: torch.nn.Module, tokens: Sequence[int], deterministic: bool = False
+    ) -> tuple[int, Parts]:
         """Longest stored prefix of `tokens` for `model` with its current weights: (length,
-        views of its KV in consecutive parts)."""
+        views of its KV in consecutive parts). `deterministic`: among the entries stored by
+        deterministic sequences only, whose KV the default path computes otherwise (and the
+        other way round)."""
         query = np.asarray(tokens, dtype=np.int64)
         weights = weights_version(model)
         with self._lock:
             best, best_key = 0, None
             for key, entry in self._entries.items():
                 if (
-                    entry.serves(model, weights)
+                    entry.serves(model, weights, deterministic)
                     and (n := _common_prefix(entry.tokens, query)) > best
                 ):
                     best, best_key = n, key
@@ -124,22 +136,29 @@ class PrefixCache:
         return best, _first(parts, best)
 
     def store(
-        self, model: torch.nn.Module, tokens: Sequence[int], parts: Parts, max_bytes: int
+        self,
+        model: torch.nn.Module,
+        tokens: Sequence[int],
+        parts: Parts,
+        max_bytes: int,
+        deterministic: bool = False,
     ) -> None:
-        """Remember `parts` (views covering exactly `tokens`, in order) and evict down to
-        `max_bytes`.
+        """Remember `parts` (views covering exactly `tokens`, in order; `deterministic`: a
+        deterministic sequence's, see `lookup`) and evict down to `max_bytes`.
 
         Entries of a model whose weights have changed since are dropped: they can never serve.
         """
         new = np.asarray(tokens, dtype=np.int64)
         weights = weights_version(model)
-        entry = _Entry(weakref.ref(model), weights, new, parts)
+        entry = _Entry(weakref.ref(model), weights, new, parts, deterministic)
         with self._lock:
             for key, old in list(self._entries.items()):
-                if not old.serves(model, weights):
+                if not old.serves(model, weights, old.deterministic):
                     if old.model() is None or old.model() is model:
                         del self._entries[key]  # its model is gone, or its weights changed
                     continue
+                if old.deterministic != deterministic:
+                    continue  # the other kind: neither covers nor replaces this one
                 shared = _common_prefix(old.tokens, new)
                 if shared == len(new):
                     self._entries.move_to_end(key)

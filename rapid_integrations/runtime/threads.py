@@ -18,7 +18,9 @@ threads than there are CPUs nobody else keeps busy, and keeps checking while it 
   starts mid-call costs at most `REPICK_SECONDS` of spinning; one that stops gives the CPUs
   back as fast. torch's count is per calling thread in OpenMP (`omp_set_num_threads` sets
   the caller's own value), so the change reaches the decoding thread's next pass only.
-  A count that changes mid-call may change float sums' order, as any other thread count does.
+  A count that changes mid-call may change float sums' order, as any other thread count does;
+  a deterministic call (`RapidConfig.deterministic`, invariant.py) computes the same bits on
+  any count, so it is followed all the same.
 * OpenMP's wait is left as it is (torch's default spins a while, then sleeps): the passive
   wait `OMP_WAIT_POLICY=PASSIVE` that this module once set cost solo decoding 14-26%
   (many small operations each paid a wake-up), and with no more threads than free CPUs a
