@@ -75,8 +75,10 @@ class CacheTracker:
         self.refs: list[weakref.ref[DynamicCache]] = []
         self._make = kv.new_cache
 
-    def new_cache(self, model: PreTrainedModel, capacity: int, *args: Any) -> DynamicCache:
-        cache = self._make(model, capacity, *args)
+    def new_cache(
+        self, model: PreTrainedModel, capacity: int, *args: Any, **kwargs: Any
+    ) -> DynamicCache:
+        cache = self._make(model, capacity, *args, **kwargs)
         self.refs.append(weakref.ref(cache))
         return cache
 
