@@ -192,7 +192,7 @@ def test_a_linear_rows_product_is_the_same_at_any_row_count(kind):
     with torch.no_grad():
         layer.weight.copy_(torch.randn(1536, 576, generator=gen) / 24)
     model = torch.nn.Sequential(layer)
-    invariant.check_model(model, "target", None)
+    invariant.prepare(model, "target", None)
     rows = torch.randn(1200, 576, generator=gen).to(torch.bfloat16)
     before = torch.get_num_threads()
     try:

@@ -277,8 +277,9 @@ TURN = st.lists(SENTENCE, min_size=1, max_size=8).map(" ".join)
 def test_chat_draft_prompt_bound_and_provenance(
     turns: list[tuple[str, str]], question: str, budget: int
 ) -> None:
-    """System turns and the last user turn stay; the rest is cut to passages of the earlier
-    turns, within the budget, never text of the builder's own."""
+    """Short system turns and the last user turn stay; a system turn longer than the budget
+    and the earlier turns are cut to passages of their own, the earlier turns within the
+    budget, never text of the builder's own."""
     tok = smol_tokenizer()
     chat = [{"role": r, "content": c} for r, c in turns] + [{"role": "user", "content": question}]
     cfg = RapidConfig(
@@ -288,7 +289,15 @@ def test_chat_draft_prompt_bound_and_provenance(
     draft = result.prompt
     assert result.fallback is None and isinstance(draft, list)
     assert draft[-1] == chat[-1]
-    assert [m for m in draft if m["role"] == "system"] == [m for m in chat if m["role"] == "system"]
+    systems = [m["content"] for m in chat if m["role"] == "system"]
+    cut_systems = [m["content"] for m in draft if m["role"] == "system"]
+    assert len(cut_systems) == len(systems)
+    for original, cut in zip(systems, cut_systems):
+        if count_text_tokens(tok, original) <= budget:
+            assert cut == original  # a short system message is an instruction, kept whole
+        else:  # a long one carries context: cut to its own head, passages and tail
+            assert count_text_tokens(tok, cut) <= count_text_tokens(tok, original)
+            assert all(piece in original for piece in cut.split())
     event(f"passthrough={result.passthrough}")
     if result.passthrough:
         assert draft == chat

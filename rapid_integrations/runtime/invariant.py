@@ -36,9 +36,10 @@ SmolLM2-135M's weights):
 
 Elementwise and row-wise operations (norms, activations, rotary embeddings) compute each row
 alone. float32 is not covered: MKL's float32 product of a row changes with the number of rows
-multiplied (1 against 2, and most counts against each other), so `check_model` refuses it, and
-so are other devices. What was measured is a property of these kernels on this CPU kind; the
-tests (tests/test_deterministic.py) check it end to end.
+multiplied (1 against 2, and most counts against each other), so `prepare` refuses a float32
+model, and a model on another device. What was measured is a property of these kernels on
+this CPU kind (thread counts past 4 untried); tests/test_deterministic.py checks it end to
+end.
 """
 
 from __future__ import annotations
@@ -63,12 +64,19 @@ or 2 rows (float32), runs another path whose sums differ."""
 SMALL_ROWS = 32
 """Most rows a deterministic decode pass multiplies at once: oneDNN's bf16 rows are the same
 from 1 to 32 rows, on any thread count."""
-PIECE_ROWS = 128
+PIECE_ROWS = 256
 """Rows of each single-threaded product of a deterministic prefill pass (the last piece padded
-with zero rows): at 128 rows, on 2 threads, the pieces took 1.23 times the whole chunk's
-product (a 1024-row chunk through a 576 x 1536 weight); at 32 rows, 10 times."""
+with zero rows). A 1024-row chunk through SmolLM2's weights, one thread a piece against oneDNN
+on the whole chunk with 2 threads (quiet machine): 576 x 1536 2.11 against 1.77 ms, 1536 x 576
+2.04 against 1.53, 576 x 576 0.83 against 0.56; pieces of 128 rows 2.83, 2.75, 1.08; of 512
+rows 1.71, 1.95, 0.70, but a short prefill (the tail after a cached prefix) pays for 512."""
 DTYPES = (torch.bfloat16,)
 """Model dtypes whose products are row-invariant on the CPU (measured; module docstring)."""
+
+FOLD_QUERIES = 64
+"""Longest block whose query heads are folded into the row axis (`attention`)."""
+_SDPA_GQA = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5)
+"""`scaled_dot_product_attention(enable_gqa=...)` exists (torch 2.5)."""
 
 Kind = Literal["prefill", "decode"]
 
@@ -103,36 +111,45 @@ def attention(
     """Query [1, Hq, t, d] at positions length - t .. length - 1 of a sequence whose keys
     and values [1, Hkv, L, d] hold its `length` tokens first (L = `padded_keys(length)`; the
     rest finite, never seen); returns [1, t, Hq, d], each row as any other block would
-    compute it (module docstring). `masks` keeps the additive mask for the pass's other
-    layers (one per sequence and pass: `kv.PackedCache.masks`)."""
+    compute it (module docstring). `masks` keeps the boolean masks for the pass's other
+    layers (one per sequence and pass: `kv.PackedCache.masks`).
+
+    A block of up to `FOLD_QUERIES` queries folds the query heads that share a KV head into
+    the row axis (one mask row per folded row); a longer one (a prefill chunk) keeps its heads
+    and reads the grouped KV through the kernel's own grouped-query path, whose mask is a third
+    of the folded one's (SmolLM2, a 1,024-token chunk over 5K keys: 28 ms a layer, where the
+    folded call's mask made the layer's attention 9.3 against 6.0 s of the whole prefill).
+    Either way each row meets the same kernel blocks (tested)."""
     _, heads, t, dim = query.shape
     kv_heads, keys = key.shape[1], key.shape[-2]
     groups = heads // kv_heads
-    rows = groups * t
+    fold = t <= FOLD_QUERIES or not _SDPA_GQA
+    rows = groups * t if fold else t
     total = padded_rows(rows)
-    folded = query.reshape(1, kv_heads, rows, dim)
-    if total > rows:
-        folded = torch.cat([folded, folded.new_zeros(1, kv_heads, total - rows, dim)], dim=2)
-    shape = (length, t, keys)
+    shape = (length, rows, keys)
     mask = None if masks is None else masks.get(shape)
     if mask is None:
-        # Row r of a folded head is the query at position length - t + (r mod t); a padded
-        # row sees the first key (any key will do: its output is dropped).
-        positions = torch.arange(length - t, length, device=query.device).repeat(groups)
+        # Row r is the query at position length - t + (r mod t); a padded row sees the first
+        # key (any key will do: its output is dropped).
+        positions = torch.arange(length - t, length, device=query.device).repeat(rows // t)
         positions = torch.cat([positions, positions.new_zeros(total - rows)])
-        seen = torch.arange(keys, device=query.device)[None, :] <= positions[:, None]
-        mask = torch.zeros(seen.shape, dtype=query.dtype, device=query.device)
-        mask = mask.masked_fill_(~seen, float("-inf"))[None, None]
+        mask = (torch.arange(keys, device=query.device)[None, :] <= positions[:, None])[
+            None, None
+        ]
         if masks is not None:
             masks[shape] = mask
+    block = query.reshape(1, kv_heads, rows, dim) if fold else query
+    if total > rows:
+        block = torch.cat([block, block.new_zeros(1, block.shape[1], total - rows, dim)], dim=2)
     out = torch.nn.functional.scaled_dot_product_attention(
-        folded, key, value, attn_mask=mask, scale=scale
+        block, key, value, attn_mask=mask, scale=scale, **({} if fold else {"enable_gqa": True})
     )[:, :, :rows]
     return out.reshape(1, heads, t, dim).transpose(1, 2).contiguous()
 
 
-def check_model(model: torch.nn.Module, role: str, refusal: str | None) -> None:
-    """`RapidConfigError` (field "deterministic") unless `model` (the call's `role`) decodes
+def prepare(model: torch.nn.Module, role: str, refusal: str | None) -> None:
+    """Ready `model` (the call's `role`) for deterministic passes: its bf16 linear layers
+    wrapped (`_linear`, once). `RapidConfigError` (field "deterministic") unless it can decode
     deterministically here: a bf16 model on the CPU whose passes can run packed (`refusal`:
     `kv.packing_refusal`'s reason, None when they can)."""
     param = next(model.parameters(), None)
@@ -174,7 +191,7 @@ _local = threading.local()  # .kind: the kind of deterministic pass this thread 
 @contextmanager
 def pass_of(kind: Kind | None) -> Iterator[None]:
     """While it is open, this thread's forward pass is a deterministic one of `kind` (None:
-    not deterministic): the linear layers `check_model` wrapped multiply as `_linear` says."""
+    not deterministic): the linear layers `prepare` wrapped multiply as `_linear` says."""
     before = getattr(_local, "kind", None)
     _local.kind = kind
     try:
@@ -213,7 +230,7 @@ def _linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         padded = -(-count // PIECE_ROWS) * PIECE_ROWS
         if padded > count:
             rows = torch.cat([rows, rows.new_zeros(padded - count, rows.shape[1])])
-        assert _OMP is not None  # checked by `check_model`, which wrapped this layer
+        assert _OMP is not None  # checked by `prepare`, which wrapped this layer
         threads = _OMP.omp_get_max_threads()
         _OMP.omp_set_num_threads(1)  # this thread's OpenMP count only
         try:

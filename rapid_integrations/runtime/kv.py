@@ -296,14 +296,14 @@ class KVState:
         the sequence will ever hold (prompt, generated, and drafts in flight). `decode`: the
         forward its decode passes run (`KVState.decode`); such a sequence copies a stored
         prefix into its own buffers, so that its passes stay on the plain path it compiled.
-        `deterministic` (`RapidConfig.deterministic`, checked here: `invariant.check_model`):
+        `deterministic` (`RapidConfig.deterministic`, checked here: `invariant.prepare`):
         buffers padded for `invariant.attention` and zeroed, every pass packed (no compiled
         one), and only prefixes stored by deterministic sequences reused, copied.
         """
         if deterministic:
             role = "draft" if draft else "target"
             refusal = packing_refusal(model, new_cache(model, 1, role).layers)
-            invariant.check_model(model, role, refusal)
+            invariant.prepare(model, role, refusal)
             capacity, decode = invariant.padded_keys(capacity), None
         ids = torch.tensor(prompt, dtype=torch.long, device=model.device)
         cache = new_cache(model, capacity, zeroed=deterministic)
