@@ -291,8 +291,7 @@ def test_chat_draft_prompt_bound_and_provenance(
     assert draft[-1] == chat[-1]
     systems = [m["content"] for m in chat if m["role"] == "system"]
     cut_systems = [m["content"] for m in draft if m["role"] == "system"]
-    assert len(cut_systems) == len(systems)
-    for original, cut in zip(systems, cut_systems):
+    for original, cut in zip(systems, cut_systems, strict=True):
         if count_text_tokens(tok, original) <= budget:
             assert cut == original  # a short system message is an instruction, kept whole
         else:  # a long one carries context: cut to its own head, passages and tail
