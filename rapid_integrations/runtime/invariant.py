@@ -133,9 +133,7 @@ def attention(
         # key (any key will do: its output is dropped).
         positions = torch.arange(length - t, length, device=query.device).repeat(rows // t)
         positions = torch.cat([positions, positions.new_zeros(total - rows)])
-        mask = (torch.arange(keys, device=query.device)[None, :] <= positions[:, None])[
-            None, None
-        ]
+        mask = (torch.arange(keys, device=query.device)[None, :] <= positions[:, None])[None, None]
         if masks is not None:
             masks[shape] = mask
     block = query.reshape(1, kv_heads, rows, dim) if fold else query
