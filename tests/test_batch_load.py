@@ -10,7 +10,7 @@ import pytest
 
 from rapid_integrations import BatchRunner, RapidConfig, RapidEngine
 from rapid_integrations.spec_decode.batch_caps import BatchCosts, PassLine
-from rapid_integrations.spec_decode.schedule import GammaSchedule, PassCosts
+from rapid_integrations.spec_decode.schedule import GammaSchedule, PassCosts, PassRecord
 from tests import test_batch
 from tests.test_batch import CALLS, alone, submit
 
@@ -203,7 +203,7 @@ def test_an_untimed_schedule_learns_its_acceptance_curve():
     """A fixed gamma times nothing, but its curve learns every verdict: the cap reads it."""
     schedule = GammaSchedule(RapidConfig(gamma=4))
     before = schedule.costs.expected_tokens(4)
-    schedule.update(4, 4, 4)
+    schedule.update(PassRecord(4, 4, 4))
     assert schedule.costs.expected_tokens(4) > before
 
 

@@ -81,11 +81,11 @@ def test_a_lookup_not_offered_is_learned_from_the_draft_own_pick(draft, tok, mon
     for first, kept in [(own[1], 1), ((own[1] + 1) % len(tok), 0)]:
         learned.clear()
         proposer = vetting(draft, tok, 0.0, torch.Generator())
-        x, _ = direct(proposer.propose(4, 8, offering([first, own[2]], own[:1])))
+        x = direct(proposer.propose(4, 8, offering([first, own[2]], own[:1]))).x
         # Forward passes: the pending token, then one per pick (the last one's bonus row).
         assert x.tolist() == own[:4] and proposer.state.forward_passes == 5
-        assert proposer.copies == 0 and learned == []
-        proposer.commit(4, 4, torch.tensor([5]))
+        assert not proposer.copied_at and learned == []
+        proposer.commit(4, torch.tensor([5]))
         assert learned == [(1, kept)]
 
 

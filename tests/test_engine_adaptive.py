@@ -15,7 +15,7 @@ import torch
 from rapid_integrations import RapidConfig, RapidConfigError, RapidEngine
 from rapid_integrations.runtime.kv import KVState, direct
 from rapid_integrations.spec_decode.drafting import LookupProposer, ModelProposer
-from rapid_integrations.spec_decode.schedule import GammaSchedule
+from rapid_integrations.spec_decode.schedule import GammaSchedule, PassRecord
 from tests import oracle
 from tests.seeded import position_counts
 from tests.test_engine_distribution import assert_follows
@@ -101,7 +101,7 @@ def test_gamma_schedule_follows_the_heuristic():
     seen = []
     for asked, drafted, accepted in steps:
         assert schedule.gamma == asked
-        schedule.update(asked, drafted, accepted)
+        schedule.update(PassRecord(asked, drafted, accepted))
         seen.append(schedule.gamma)
     # +2 (capped at 7), -1 on a rejection, unchanged when the drafter stopped early.
     assert seen == [6, 7, 6, 6, 5, 4]
@@ -109,13 +109,13 @@ def test_gamma_schedule_follows_the_heuristic():
     # and 3 copies kept is a pass that drafted all it asked for; 3 picks and 1 copy is not.
     for picks, copies, grown in [(4, 3, 6), (3, 1, 4)]:
         copying = GammaSchedule(RapidConfig(gamma=4, adaptive_gamma=True, gamma_max=7))
-        copying.update(4, picks + copies, picks + copies, copied=copies)
+        copying.update(PassRecord(4, picks + copies, picks + copies, copied=copies))
         assert copying.gamma == grown
     fixed = GammaSchedule(RapidConfig(gamma=4))
-    fixed.update(4, 4, 4)
+    fixed.update(PassRecord(4, 4, 4))
     assert fixed.gamma == 4
     floor = GammaSchedule(RapidConfig(gamma=1, adaptive_gamma=True))
-    floor.update(1, 1, 0)
+    floor.update(PassRecord(1, 1, 0))
     assert floor.gamma == 1
 
 
@@ -175,10 +175,12 @@ def test_measured_gamma_maximizes_expected_tokens_per_second(
     (plain step 0.1 s)."""
     schedule = GammaSchedule(RapidConfig(gamma=4, adaptive_gamma="measured", gamma_max=20))
     assert schedule.gamma == 0  # the timed plain step comes first
-    schedule.update(0, 0, 0, 0.0, 0.1)
+    schedule.update(PassRecord(0, 0, 0, 0.0, 0.1))
     passes = []
     for _ in range(6):
-        schedule.update(schedule.gamma, 4, accepted, 4 * draft_step, 0.1 + 4 * verify_extra)
+        schedule.update(
+            PassRecord(schedule.gamma, 4, accepted, 4 * draft_step, 0.1 + 4 * verify_extra)
+        )
         passes.append((4, 0, accepted))
         want = best_gamma_by_hand(passes, draft_step + verify_extra, 0.1, 20)
         assert schedule.gamma == want
@@ -192,11 +194,13 @@ def test_measured_gamma_counts_the_copies_a_pick_brings(copied):
     drafts and gamma follows the hand-computed argmax, where copies move it."""
     cfg = RapidConfig(gamma=3, adaptive_gamma="measured", gamma_max=24, lookup_tokens=10)
     schedule = GammaSchedule(cfg)
-    schedule.update(0, 0, 0, 0.0, 0.1)
+    schedule.update(PassRecord(0, 0, 0, 0.0, 0.1))
     passes, moved = [], False
     for _ in range(5):
         drafted = 3 + copied
-        schedule.update(3, drafted, min(4, drafted), 3 * 0.02, 0.1 + drafted * 0.002, 3, copied)
+        schedule.update(
+            PassRecord(3, drafted, min(4, drafted), 3 * 0.02, 0.1 + drafted * 0.002, 3, copied)
+        )
         passes.append((drafted, copied, min(4, drafted)))
         assert schedule.gamma == best_gamma_by_hand(passes, 0.02, 0.1, 24, 0.002, 10)
         # Priced as if a pass held its picks only, gamma would differ: copies moved it.
@@ -224,12 +228,12 @@ def test_measured_gamma_prices_a_verify_pass_by_its_line(curve):
     a slope through 0 would make it."""
     cfg = RapidConfig(gamma=4, adaptive_gamma="measured", gamma_max=24, lookup_tokens=10)
     schedule = GammaSchedule(cfg)
-    schedule.update(0, 0, 0, 0.0, 0.05)
+    schedule.update(PassRecord(0, 0, 0, 0.0, 0.05))
     passes, widths, extra, longer = [], [], [], False
     for copied in [0, 2, 4, 8, 1, 6, 3, 8]:
         drafted = 4 + copied
         cost = 0.03 + 0.002 * drafted if curve == "jump" else 0.0005 * drafted**2
-        schedule.update(4, drafted, drafted - 1, 4 * 0.02, 0.05 + cost, 4, copied)
+        schedule.update(PassRecord(4, drafted, drafted - 1, 4 * 0.02, 0.05 + cost, 4, copied))
         passes.append((drafted, copied, drafted - 1))
         widths.append(drafted)
         extra.append(cost)
@@ -298,13 +302,13 @@ def test_draft_stops_after_a_token_below_the_confidence_threshold(tok, draft, th
     prompt = tok.encode("abc hij kl")
     state = KVState.start(draft, prompt, len(tok), chunk=4, capacity=len(prompt) + 20)
     proposer = ModelProposer(state, cfg, torch.Generator())
-    x, _ = direct(proposer.propose(6))
+    x = direct(proposer.propose(6)).x
     want = reference_greedy(draft, prompt, 6, len(tok))
     assert x.tolist() == want[:proposed] and state.forward_passes == proposed
     token = torch.tensor([3])
-    proposer.commit(len(x), len(x), token)
+    proposer.commit(len(x), token)
     context = prompt + x.tolist() + [3]
-    assert direct(proposer.propose(1))[0].tolist() == reference_greedy(draft, context, 1, len(tok))
+    assert direct(proposer.propose(1)).x.tolist() == reference_greedy(draft, context, 1, len(tok))
 
 
 def test_lookup_proposes_the_latest_continuation_of_the_longest_suffix():
@@ -345,12 +349,12 @@ def test_auto_payoff_stops_drafting_only_when_it_loses():
     for emitted, seconds, stops in [(1, 0.05, True), (5, 0.02, False)]:
         schedule = GammaSchedule(cfg)
         assert schedule.gamma == 0  # the timed plain step comes first
-        schedule.update(0, 0, 0, 0.0, 0.01)
+        schedule.update(PassRecord(0, 0, 0, 0.0, 0.01))
         for _ in range(GammaSchedule.PAYOFF_PASSES - 1):
             assert schedule.gamma == 4
-            schedule.update(4, 4, emitted - 1, seconds)
+            schedule.update(PassRecord(4, 4, emitted - 1, seconds))
         assert schedule.gamma == 4 and not schedule.stopped  # not judged before 4 passes
-        schedule.update(4, 4, emitted - 1, seconds)
+        schedule.update(PassRecord(4, 4, emitted - 1, seconds))
         assert schedule.stopped is stops
         assert schedule.gamma == (0 if stops else 4)
 
@@ -361,13 +365,13 @@ def test_auto_payoff_needs_a_losing_streak(monkeypatch):
     end it, nor does a pass expected at 0.97x: within what the estimate can tell). Every
     pass emits 3 tokens in 100 ms, 0.3x the plain steps' 100 tok/s."""
     schedule = GammaSchedule(RapidConfig(gamma=4, speculate_min_context="auto"))
-    schedule.update(0, 0, 0, 0.0, 0.01)
+    schedule.update(PassRecord(0, 0, 0, 0.0, 0.01))
     expected = iter([0.9, 0.9, 0.9, 0.97, 0.9, 0.9, 0.9, 0.9])
     monkeypatch.setattr(schedule.costs, "speedup", lambda gamma: next(expected))
     for _ in range(7):
-        schedule.update(4, 4, 2, 0.05, 0.05)
+        schedule.update(PassRecord(4, 4, 2, 0.05, 0.05))
         assert not schedule.stopped and schedule.gamma == 4
-    schedule.update(4, 4, 2, 0.05, 0.05)
+    schedule.update(PassRecord(4, 4, 2, 0.05, 0.05))
     assert schedule.stopped and schedule.gamma == 0
 
 
@@ -377,12 +381,12 @@ def test_auto_payoff_needs_the_drafting_so_far_to_have_lost(monkeypatch):
     drafting passes so far emitted below 0.95x: (40 + k) tokens in 0.16 + 0.05 k seconds is
     0.95 x 100 tok/s at k = 6.6, so at k = 7."""
     schedule = GammaSchedule(RapidConfig(gamma=4, speculate_min_context="auto"))
-    schedule.update(0, 0, 0, 0.0, 0.01)
+    schedule.update(PassRecord(0, 0, 0, 0.0, 0.01))
     for _ in range(8):
-        schedule.update(4, 4, 4, 0.01, 0.01)
+        schedule.update(PassRecord(4, 4, 4, 0.01, 0.01))
     monkeypatch.setattr(schedule.costs, "speedup", lambda gamma: 0.5)
     for k in range(1, 8):
-        schedule.update(4, 4, 0, 0.04, 0.01)
+        schedule.update(PassRecord(4, 4, 0, 0.04, 0.01))
         assert schedule.stopped is (k == 7)
 
 
@@ -403,9 +407,9 @@ def test_the_schedule_times_passes_with_copies(engines, monkeypatch):
     draft kept in it (section 2.9), each kept copy counted once."""
     real, seen = GammaSchedule.update, []
 
-    def update(self, asked, drafted, accepted, draft_s, verify_s, forwards, copied):
-        seen.append(copied)
-        real(self, asked, drafted, accepted, draft_s, verify_s, forwards, copied)
+    def update(self, done):
+        seen.append(done.copied)
+        real(self, done)
 
     monkeypatch.setattr(GammaSchedule, "update", update)
     copied = 0
@@ -590,7 +594,8 @@ def test_vetting_a_copy_drafts_from_q(draft, tok, copy):
     counts, kept = np.zeros(len(tok)), 0
     for _ in range(N):
         proposer = vetting(draft, tok, 1.0, gen)
-        x, rows = direct(proposer.propose(2, 3, offering(copies, [])))
+        proposal = direct(proposer.propose(2, 3, offering(copies, [])))
+        x, rows = proposal.x, proposal.q
         assert rows.shape == (len(x) + 1, len(tok)) and len(x) <= 3
         counts[int(x[0])] += 1
         kept += proposer.copied_at[:1] == [0]
@@ -606,14 +611,16 @@ def test_vetting_greedy_keeps_the_copies_the_draft_would_draft(draft, tok):
     proposer, ids = vetting(draft, tok, 0.0, torch.Generator()), tok.encode(DRAFT_PROMPT)
     own = reference_greedy(draft, ids, 8, len(tok))
     wrong = (own[3] + 1) % len(tok)
-    x, q = direct(proposer.propose(3, 8, offering([own[1], own[2], wrong, own[4]], own[:1])))
+    proposal = direct(proposer.propose(3, 8, offering([own[1], own[2], wrong, own[4]], own[:1])))
+    x, q = proposal.x, proposal.q
     # Forward passes: the pending token; own[0] with the copies; own[3]; the bonus row's.
     assert x.tolist() == own[:5] and len(q) == 6 and proposer.state.forward_passes == 4
     assert proposer.copied_at == [1, 2]
-    proposer.commit(5, 5, torch.tensor([5]))
-    assert direct(proposer.q_here()) is not None and proposer.copies == 0  # a pass with no drafts
-    proposer.commit(0, 0, torch.tensor([6]))
-    assert direct(proposer.propose(1))[0].tolist() == reference_greedy(
+    proposer.commit(5, torch.tensor([5]))
+    assert direct(proposer.propose(0)).q is not None  # a pass with no drafts: q alone
+    assert not proposer.copied_at
+    proposer.commit(0, torch.tensor([6]))
+    assert direct(proposer.propose(1)).x.tolist() == reference_greedy(
         draft, [*ids, *own[:5], 5, 6], 1, len(tok)
     )
 
@@ -623,10 +630,11 @@ def test_copies_that_fill_the_room_end_the_proposal(draft, tok):
     comes from the pass that read them, and the cache follows a verdict that keeps fewer."""
     proposer, ids = vetting(draft, tok, 0.0, torch.Generator()), tok.encode(DRAFT_PROMPT)
     own = reference_greedy(draft, ids, 3, len(tok))
-    x, q = direct(proposer.propose(2, 3, offering(own[1:3], own[:1])))
+    proposal = direct(proposer.propose(2, 3, offering(own[1:3], own[:1])))
+    x, q = proposal.x, proposal.q
     assert x.tolist() == own and len(q) == 4 and proposer.state.forward_passes == 2
-    proposer.commit(1, 3, torch.tensor([5]))
-    assert direct(proposer.propose(1))[0].tolist() == reference_greedy(
+    proposer.commit(1, torch.tensor([5]))
+    assert direct(proposer.propose(1)).x.tolist() == reference_greedy(
         draft, [*ids, own[0], 5], 1, len(tok)
     )
 
@@ -640,7 +648,8 @@ def test_drafting_stops_at_an_end_id(draft, tok):
     proposer = ModelProposer(
         state, RapidConfig(eta=2.0), torch.Generator(), end_ids=frozenset(own[2:3])
     )
-    x, q = direct(proposer.propose(6))
+    proposal = direct(proposer.propose(6))
+    x, q = proposal.x, proposal.q
     assert x.tolist() == own[:3] and len(q) == 3 and state.forward_passes == 3
 
 
@@ -653,12 +662,13 @@ def test_copies_stop_at_an_end_id(draft, tok):
     proposer = ModelProposer(
         state, RapidConfig(eta=2.0), torch.Generator(), end_ids=frozenset(own[2:3])
     )
-    x, q = direct(proposer.propose(3, 6, offering(own[1:4], own[:1])))
+    proposal = direct(proposer.propose(3, 6, offering(own[1:4], own[:1])))
+    x, q = proposal.x, proposal.q
     # Forward passes: the pending token; own[0] with the copies. Then nothing past the end.
     assert x.tolist() == own[:3] and len(q) == 3 and state.forward_passes == 2
     assert proposer.copied_at == [1, 2]
-    proposer.commit(1, 3, torch.tensor([5]))
-    assert direct(proposer.propose(1))[0].tolist() == reference_greedy(
+    proposer.commit(1, torch.tensor([5]))
+    assert direct(proposer.propose(1)).x.tolist() == reference_greedy(
         draft, [*ids, own[0], 5], 1, len(tok)
     )
 
@@ -678,9 +688,9 @@ def test_every_q_the_verdict_reads_is_the_drafts_own(engines, draft, tok, monkey
         return verdict
 
     def read(self, tail, xs, qs, limit, find):  # a generator, as `_read` (kv.Forwards)
-        before = self.copies
+        before = len(self.copied_at)
         out = yield from real_read(self, tail, xs, qs, limit, find)
-        kept.append(self.copies - before)
+        kept.append(len(self.copied_at) - before)
         return out
 
     real, real_read, kept = step_module.verdict, ModelProposer._read, []

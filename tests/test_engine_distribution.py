@@ -176,7 +176,8 @@ def test_proposer_q_is_the_drafts_own_filtered_distribution(draft, tok, temperat
     cfg = RapidConfig(eta=2.0, temperature=temperature, top_p=top_p, gamma=4)
     ids = tok.encode("hello. ab cd")
     state = KVState.start(draft, ids, len(tok), chunk=5, capacity=len(ids) + 8)
-    x, q = direct(ModelProposer(state, cfg, torch.Generator().manual_seed(0)).propose(4))
+    proposal = direct(ModelProposer(state, cfg, torch.Generator().manual_seed(0)).propose(4))
+    x, q = proposal.x, proposal.q
     assert q.shape == (5, len(tok))
     for i in range(5):
         want = oracle.target_p(

@@ -350,11 +350,11 @@ def test_proposer_cache_follows_every_verdict(tok, draft, gamma):
     for kept in range(gamma + 1):
         state = KVState.start(draft, prompt, len(tok), chunk=4, capacity=len(prompt) + 4 * gamma)
         proposer = ModelProposer(state, cfg, torch.Generator())
-        x, _ = direct(proposer.propose(gamma))
+        x = direct(proposer.propose(gamma)).x
         assert x.tolist() == reference_greedy(draft, prompt, gamma, len(tok))
         token = torch.tensor([(int(x[kept]) + 1) % len(tok) if kept < gamma else 5])
-        proposer.commit(kept, gamma, token)
+        proposer.commit(kept, token)
         context = prompt + x[:kept].tolist() + token.tolist()
-        assert direct(proposer.propose(gamma))[0].tolist() == reference_greedy(
+        assert direct(proposer.propose(gamma)).x.tolist() == reference_greedy(
             draft, context, gamma, len(tok)
         )

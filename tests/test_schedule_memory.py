@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rapid_integrations import RapidConfig, RapidEngine
-from rapid_integrations.spec_decode.schedule import GammaSchedule
+from rapid_integrations.spec_decode.schedule import GammaSchedule, PassRecord
 from rapid_integrations.spec_decode.schedule_memory import ScheduleMemory, schedule_key
 from tests.test_engine_adaptive import slowed
 from tests.tiny import reference_greedy
@@ -22,9 +22,9 @@ def measure(schedule: GammaSchedule, loses: bool) -> None:
     """A fresh call's passes: a 10 ms plain step, then 4 passes of 4 drafts that emit 1 token
     in 50 ms (20 tok/s: it loses, the call stops drafting) or 5 in 20 ms (250 tok/s)."""
     emitted, seconds = (1, 0.05) if loses else (5, 0.02)
-    schedule.update(0, 0, 0, 0.0, 0.01)
+    schedule.update(PassRecord(0, 0, 0, 0.0, 0.01))
     for _ in range(GammaSchedule.PAYOFF_PASSES):
-        schedule.update(4, 4, emitted - 1, seconds)
+        schedule.update(PassRecord(4, 4, emitted - 1, seconds))
     assert schedule.stopped is loses
 
 
@@ -71,7 +71,7 @@ def test_a_call_that_stops_drafting_stops_the_calls_after_it():
     schedule, fresh = memory.start(KEY, AUTO)
     assert not fresh and schedule.gamma == 4
     for _ in range(20):  # passes that emit 1 token in 50 ms, until the call stops drafting
-        schedule.update(4, 4, 0, 0.05)
+        schedule.update(PassRecord(4, 4, 0, 0.05))
     assert schedule.stopped
     memory.keep(KEY, schedule, fresh)
     schedule, fresh = memory.start(KEY, AUTO)
@@ -88,10 +88,10 @@ def test_a_measured_gamma_continues_where_the_last_call_ended():
         schedule, fresh = memory.start(key, cfg)
         if fresh:
             assert not schedule.drafting  # a fresh call times a plain step first
-            schedule.update(0, 0, 0, 0.0, 0.05)
+            schedule.update(PassRecord(0, 0, 0, 0.0, 0.05))
             for _ in range(3):  # a cheap draft whose drafts are all kept: gamma grows
                 g = schedule.gamma
-                schedule.update(g, g, g, 0.001 * g, 0.06)
+                schedule.update(PassRecord(g, g, g, 0.001 * g, 0.06))
             measured += 1
         memory.keep(key, schedule, fresh)
     assert measured == 2

@@ -159,13 +159,12 @@ class Request:
         shaping = (self.constraints, self.draft_constraints)
         stats.grammar_seconds = sum(c.seconds for c in shaping if c)
         if proposer:
-            stats.draft_forward_passes = proposer.state.forward_passes
-            stats.draft_forward_seconds = proposer.state.forward_seconds
-            (
-                stats.lookup_offered_tokens,
-                stats.lookup_drafted_tokens,
-                stats.lookup_accepted_tokens,
-            ) = proposer.lookup_counts
+            counters = proposer.counters
+            stats.draft_forward_passes = counters.forward_passes
+            stats.draft_forward_seconds = counters.forward_seconds
+            stats.lookup_offered_tokens = counters.lookup_offered
+            stats.lookup_drafted_tokens = counters.lookup_drafted
+            stats.lookup_accepted_tokens = counters.lookup_accepted
 
 
 def _joined(first: Delta, second: Delta) -> Delta:

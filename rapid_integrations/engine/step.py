@@ -16,23 +16,20 @@ import torch
 from rapid_integrations.engine.request import Request
 from rapid_integrations.runtime.kv import Feed, Forwards
 from rapid_integrations.sample.verify import verdict
+from rapid_integrations.spec_decode.drafting import Proposal
+from rapid_integrations.spec_decode.schedule import PassRecord
 
 
 @dataclass(frozen=True)
-class _Proposal:
+class _DraftPhase:
     """What the draft phase of a pass proposed.
 
-    x: [k] int64 drafts (k may be below `asked`, section 2.9); q: the draft's distributions
-    [k, V] or [k + 1, V] (a bonus row), None when the verdict needs none; asked: the picks the
-    schedule asked for; copies: drafts that were the lookup's copies (section 2.10); forwards:
-    the draft's forward-pass count before the pass; start, drafted_at: perf_counter seconds
-    at the pass's start and when drafting ended."""
+    proposal: the drafts x [k] (k may be below `asked`, section 2.9), their q and the draft's
+    work; asked: the picks the schedule asked for; start, drafted_at: perf_counter seconds at
+    the pass's start and when drafting ended."""
 
-    x: torch.Tensor
-    q: torch.Tensor | None
+    proposal: Proposal
     asked: int
-    copies: int
-    forwards: int
     start: float
     drafted_at: float
 
@@ -46,36 +43,32 @@ def speculate(request: Request) -> Forwards[list[int]]:
     if forced:
         yield from _force(request, forced)
         return forced
-    proposal = yield from _draft(request)
-    logits = yield Feed(request.target, proposal.x)  # [k + 1, V]: the verify pass (2.2)
-    return _settle(request, proposal, logits)
+    drafted = yield from _draft(request)
+    logits = yield Feed(request.target, drafted.proposal.x)  # [k + 1, V]: the verify pass (2.2)
+    return _settle(request, drafted, logits)
 
 
-def _draft(request: Request) -> Forwards[_Proposal]:
+def _draft(request: Request) -> Forwards[_DraftPhase]:
     """The draft phase (docs/algorithm.md section 2.1): as many drafts as the schedule asks
     for and the budget leaves room for; none, with the draft's q at the one position decided,
     when there is no room (2.7)."""
     start = time.perf_counter()
     proposer, schedule, cap = request.proposer, request.schedule, request.seat.limit
-    left = request.budget() - 1 if proposer and schedule.drafting else 0
+    left = max(0, request.budget() - 1) if proposer and schedule.drafting else 0
     asked = min(schedule.gamma, left, left if cap is None else cap)
-    forwards = proposer.state.forward_passes if proposer else 0
-    x, q = request.target.pending[:0], None  # a plain step: q too, unless drafting stopped (2.7)
     # A batch's cap of 0 (section 14.2) leaves a pass without drafts, as one without room: the
     # draft gives only its q. A stopped call's proposal is empty, without q.
-    if proposer and left > 0 and (asked or schedule.stopped):
-        x, q = yield from proposer.propose(asked, left)
-    elif proposer and not schedule.stopped:
-        q = yield from proposer.q_here()
-    copies = proposer.copies if proposer and left > 0 else 0
-    return _Proposal(x, q, asked, copies, forwards, start, time.perf_counter())
+    proposal = Proposal(request.target.pending[:0], None)
+    if proposer and not schedule.stopped:
+        proposal = yield from proposer.propose(asked, left)
+    return _DraftPhase(proposal, asked, start, time.perf_counter())
 
 
-def _settle(request: Request, proposal: _Proposal, logits: torch.Tensor) -> list[int]:
+def _settle(request: Request, drafted: _DraftPhase, logits: torch.Tensor) -> list[int]:
     """The settle phase, given the verify pass's logits [k + 1, V]: the verdict (sections
     2.3-2.7), both caches and both constraints rolled back to the kept drafts and the emitted
     token (2.8), the schedule taught (2.9); returns the committed tokens."""
-    x, q, proposer = proposal.x, proposal.q, request.proposer
+    x, q, proposer = drafted.proposal.x, drafted.proposal.q, request.proposer
     gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)
     z = request.constraints.apply(logits, x) if request.constraints else logits
     n, token = verdict(z, x, q, request.cfg, request.gen, request.end_ids)
@@ -87,13 +80,17 @@ def _settle(request: Request, proposal: _Proposal, logits: torch.Tensor) -> list
     if request.constraints:
         request.constraints.settle(n, token)
     if proposer:
-        proposer.commit(n, gamma, token)
-    seconds = (
-        proposal.drafted_at - proposal.start,
-        time.perf_counter() - proposal.drafted_at,
+        proposer.commit(n, token)
+    done = PassRecord(
+        drafted.asked,
+        gamma,
+        n,
+        draft_seconds=drafted.drafted_at - drafted.start,
+        verify_seconds=time.perf_counter() - drafted.drafted_at,
+        draft_passes=drafted.proposal.passes,
+        copied=drafted.proposal.copies,
     )
-    forwards = proposer.state.forward_passes - proposal.forwards if proposer else 0
-    request.schedule.update(proposal.asked, gamma, n, *seconds, forwards, proposal.copies)
+    request.schedule.update(done)
     request.stats.speculation_stopped = request.schedule.stopped
     request.stats.drafted_tokens += gamma
     request.stats.accepted_tokens += n
@@ -114,4 +111,4 @@ def _force(request: Request, tokens: list[int]) -> Forwards[None]:
     if request.scorer:
         request.scorer.score(logits, logits, None, None, tokens)
     if request.proposer:
-        request.proposer.force(ids)
+        request.proposer.commit(0, ids)

@@ -1,7 +1,8 @@
 """The proposer role: a draft model that proposes gamma tokens and learns what was kept.
 
 A small strategy interface, after transformers' candidate generators (`get_candidates`,
-`update_candidate_strategy`): `Proposer.propose` drafts, `Proposer.commit` learns the verdict;
+`update_candidate_strategy`): `Proposer.propose` drafts, `Proposer.commit` learns the verdict
+(and the tokens forced after it), and `Proposer.counters` counts the call's work for its stats;
 the loop (`engine.speculate`) sees nothing else. Terms, as in docs/algorithm.md section 2:
 
 * draft: a token the proposer offers for the target to verify; gamma: how many the model may
@@ -22,6 +23,7 @@ engine) says pay (`copy_prices.CopyPrices`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -38,49 +40,55 @@ Find = Callable[[list[int], int], list[int]]
 `LookupProposer.find`."""
 
 
+@dataclass(frozen=True)
+class Proposal:
+    """What one `Proposer.propose` offered.
+
+    x: [k] int64 drafts; q: the draft model's distributions at their positions, [k, V], or
+    [k + 1, V] with the bonus row (None when the verdict needs no q, see `needs_q`); copies:
+    how many of x were the lookup's copies the draft kept (the gamma schedule prices them apart
+    from the model's picks); passes: the draft's forward passes the proposal ran.
+    """
+
+    x: torch.Tensor
+    q: torch.Tensor | None
+    copies: int = 0
+    passes: int = 0
+
+
+@dataclass(frozen=True)
+class DraftCounters:
+    """A call's drafting work so far, for its stats: the draft's forward passes and their
+    wall seconds, and the lookup's copies offered (read by the draft to vet them), drafted
+    (of them, those it kept) and accepted (of those, the ones the target kept); 0 without a
+    lookup (`stats.lookup_offered_tokens`)."""
+
+    forward_passes: int
+    forward_seconds: float
+    lookup_offered: int = 0
+    lookup_drafted: int = 0
+    lookup_accepted: int = 0
+
+
 class Proposer(Protocol):
-    """What the loop asks of a drafting strategy (`engine.speculate`, `RapidEngine._run`)."""
+    """What the loop asks of a drafting strategy (`engine.speculate`)."""
 
-    @property
-    def state(self) -> KVState:
-        """The draft model's cache: the loop reads its `forward_passes` and
-        `forward_seconds` for the call's stats."""
+    def propose(self, gamma: int, room: int = 0) -> Forwards[Proposal]:
+        """Draft k tokens, 0 <= k <= max(gamma, room). A model drafts at most `gamma`;
+        copies, which cost no draft step, may run to `room`. gamma 0: no drafts, only the
+        draft model's q [1, V] at the next position (None with eta = 0): a pass with no room
+        for drafts still follows p_hat (docs/algorithm.md section 2.7)."""
+        ...
+
+    def commit(self, accepted: int, tokens: torch.Tensor) -> None:
+        """The target kept the first `accepted` drafts of the last proposal, then `tokens`
+        [m] follow: the token it emitted, or tokens forced by no model (accepted 0,
+        docs/algorithm.md section 13)."""
         ...
 
     @property
-    def copies(self) -> int:
-        """How many drafts of the last proposal were copies the draft kept (the gamma
-        schedule prices them apart from the model's picks)."""
-        ...
-
-    @property
-    def lookup_counts(self) -> tuple[int, int, int]:
-        """(offered, drafted, accepted) over the call: copies the draft read to vet them, of
-        them those it kept as drafts, and of those the ones the target kept ((0, 0, 0) without
-        a lookup; `stats.lookup_offered_tokens`)."""
-        ...
-
-    def propose(
-        self, gamma: int, room: int = 0
-    ) -> Forwards[tuple[torch.Tensor, torch.Tensor | None]]:
-        """Draft k tokens, 0 <= k <= max(gamma, room): ids [k] and the draft model's
-        distributions q at their positions, [k, V], or [k + 1, V] with a row one past them
-        (None when the verdict does not need q, see `needs_q`). A model drafts at most
-        `gamma` (0: none); copies, which cost no draft step, may run to `room`."""
-        ...
-
-    def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
-        """The target kept the first `accepted` of the `gamma` drafts, then emitted `token` [1]."""
-        ...
-
-    def q_here(self) -> Forwards[torch.Tensor | None]:
-        """No drafts, only the draft model's q [1, V] at the next position (None with eta = 0):
-        a pass with no room for drafts still follows p_hat (docs/algorithm.md section 2.7)."""
-        ...
-
-    def force(self, tokens: torch.Tensor) -> None:
-        """After `commit`: `tokens` [k] follow, committed by no model (docs/algorithm.md
-        section 13)."""
+    def counters(self) -> DraftCounters:
+        """The call's drafting work so far."""
         ...
 
 
@@ -125,16 +133,16 @@ class ModelProposer:
         self._unoffered: list[tuple[int, int]] = []
 
     @property
-    def copies(self) -> int:
-        return len(self.copied_at)
+    def counters(self) -> DraftCounters:
+        return DraftCounters(
+            self.state.forward_passes,
+            self.state.forward_seconds,
+            self._copies_offered,
+            self._copies_drafted,
+            self._copies_accepted,
+        )
 
-    @property
-    def lookup_counts(self) -> tuple[int, int, int]:
-        return self._copies_offered, self._copies_drafted, self._copies_accepted
-
-    def propose(
-        self, gamma: int, room: int = 0, find: Find | None = None
-    ) -> Forwards[tuple[torch.Tensor, torch.Tensor | None]]:
+    def propose(self, gamma: int, room: int = 0, find: Find | None = None) -> Forwards[Proposal]:
         """Draft ids x [k] (int64) and q [k, V] (None unless needed; [k + 1, V] with eta > 0,
         a row for the bonus position too, unless x_k ends the call). The model picks at most
         `gamma` of them: fewer when the confidence threshold or an end id stops drafting.
@@ -142,11 +150,12 @@ class ModelProposer:
         With `find`, each forward pass of the draft also reads the copies `find` offers after
         the drafts so far and keeps a prefix of them as drafts (`_read`, docs/algorithm.md
         section 2.10): at most `lookup_tokens` copies a proposal, and `copied_at` says which.
-        k <= max(gamma, room)."""
-        self.copied_at = []
+        k <= max(gamma, room). gamma 0 without `find`: `Proposer.propose`'s q alone."""
+        passes = self.state.forward_passes
+        self._x, self._fed, self.copied_at = self._x[:0], 0, []
         if gamma == 0 and find is None:
-            self._x, self._fed = self._x[:0], 0
-            return self._x, None
+            q = yield from self._q_here()
+            return Proposal(self._x, q, 0, self.state.forward_passes - passes)
         xs: list[torch.Tensor] = []  # drafts [1] ...
         qs: list[torch.Tensor] = []  # ... their q [V]
         picked: list[torch.Tensor] = []  # the logits [V] of each model pick
@@ -170,7 +179,8 @@ class ModelProposer:
             if not (more and self._confident(logits, tail, q) and not self._ends(tail)):
                 read_all = False
                 break
-        return (yield from self._finish(xs, qs, picked, logits if read_all else None))
+        q = yield from self._finish(xs, qs, picked, logits if read_all else None)
+        return Proposal(self._x, q, len(self.copied_at), self.state.forward_passes - passes)
 
     def _read(
         self,
@@ -188,7 +198,7 @@ class ModelProposer:
         as q, as if the draft had drafted it. Returns the draft's logits [V] past xs and the
         first copy it did not keep ([1]; None if none): the next pick comes from q without
         it, so it follows q too."""
-        room = min(limit - len(xs), self._cfg.lookup_tokens - self.copies)
+        room = min(limit - len(xs), self._cfg.lookup_tokens - len(self.copied_at))
         offer, found = 0, []
         if find and room > 0:  # one copy at least: what the draft's pick is learned against
             offer = self._prices.worth(room)
@@ -223,8 +233,9 @@ class ModelProposer:
         qs: list[torch.Tensor],
         picked: list[torch.Tensor],
         past: torch.Tensor | None,
-    ) -> Forwards[tuple[torch.Tensor, torch.Tensor | None]]:
-        """The proposal from drafts xs, their q rows and the model picks' logits; `past` [V]:
+    ) -> Forwards[torch.Tensor | None]:
+        """The proposal's q from drafts xs (kept as `_x`), their q rows and the model picks'
+        logits; `past` [V]:
         the draft's logits past every draft (it has read them all), None when it has not
         read the last pick. With eta > 0 the bonus row's q comes from `past`, or from one more
         forward pass over the last pick (none after an end id: it is never emitted)."""
@@ -239,7 +250,7 @@ class ModelProposer:
             # log_probs checks the logits whenever q is computed; once per proposal here, as a
             # check per step would wait on the device between draft steps.
             check_finite(torch.stack(picked), "the draft model")
-        return self._x, (torch.stack(qs) if self._need_q and qs else None)
+        return torch.stack(qs) if self._need_q and qs else None
 
     def _shaped(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [V] through the call's constraints (docs/algorithm.md section 9); the
@@ -286,9 +297,9 @@ class ModelProposer:
         """Whether the last of the drafts xs ([1] each) ends the call."""
         return bool(xs) and self._ends(xs[-1])
 
-    def q_here(self) -> Forwards[torch.Tensor | None]:
-        """See `Proposer.q_here`: the draft reads its pending tokens and drafts nothing."""
-        self._x, self._fed, self.copied_at = self._x[:0], 0, []
+    def _q_here(self) -> Forwards[torch.Tensor | None]:
+        """The draft reads its pending tokens and drafts nothing: q [1, V] at the next
+        position, None unless it reads ahead."""
         if not self.reads_ahead:
             return None
         return self._q((yield self._feed())[-1:])
@@ -297,16 +308,18 @@ class ModelProposer:
         """A forward pass of the draft over its pending tokens and `tokens` ([k] ids)."""
         return Feed(self.state, tokens, draft=True)
 
-    def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
-        """Roll the draft cache back to the kept drafts and queue `token` [1] (int64) after them."""
+    def commit(self, accepted: int, tokens: torch.Tensor) -> None:
+        """Roll the draft cache back to the kept drafts and queue `tokens` [m] (int64) after
+        them; the proposal is then spent (forced tokens after it commit with accepted 0)."""
         if self._constraints is not None:
-            self._constraints.settle(accepted, token)
-        self._copies_drafted += self.copies
+            self._constraints.settle(accepted, tokens)
+        self._copies_drafted += len(self.copied_at)
         self._copies_accepted += sum(i < accepted for i in self.copied_at)
         self._learn_unoffered()
         # The draft has read its pending tokens and x_1..x_fed of the last proposal.
         self.state.rollback(max(0, self._fed - accepted))
-        self.state.append(torch.cat([self._x[self._fed : accepted], token.to(self._x.device)]))
+        self.state.append(torch.cat([self._x[self._fed : accepted], tokens.to(self._x.device)]))
+        self._x, self._fed, self.copied_at = self._x[:0], 0, []
 
     def _learn_unoffered(self) -> None:
         """Teach `_prices` the lookups the last proposal did not offer, each as a run of one
@@ -317,12 +330,6 @@ class ModelProposer:
         for (_, copy), draft in zip(picked, drafts, strict=True):
             self._prices.learn(1, int(draft == copy))
         self._unoffered = []
-
-    def force(self, tokens: torch.Tensor) -> None:
-        """See `Proposer.force`: queued after the committed tokens, through the constraints."""
-        if self._constraints is not None:
-            self._constraints.settle(0, tokens)
-        self.state.append(tokens)
 
 
 PRICE_CONTEXT = 64
@@ -408,39 +415,22 @@ class LookupFirst:
         self._x = torch.zeros(0, dtype=torch.long)  # the last proposal
 
     @property
-    def state(self) -> KVState:
-        return self.model.state
+    def counters(self) -> DraftCounters:
+        return self.model.counters
 
-    @property
-    def copies(self) -> int:
-        return self.model.copies
-
-    @property
-    def lookup_counts(self) -> tuple[int, int, int]:
-        return self.model.lookup_counts
-
-    def propose(
-        self, gamma: int, room: int = 0
-    ) -> Forwards[tuple[torch.Tensor, torch.Tensor | None]]:
-        """See `Proposer.propose`: ids [k] and q [k, V] or [k + 1, V] (or None)."""
+    def propose(self, gamma: int, room: int = 0) -> Forwards[Proposal]:
+        """See `Proposer.propose`."""
         # After the payoff stop (gamma 0) copies stop too: the draft would read every token
         # emitted since it last read to vet them, which costs more than a target step
         # (measured in docs/performance.md, "Why these defaults").
         find = self.lookup.find if gamma else None
-        self._x, q = yield from self.model.propose(gamma, room, find)
-        return self._x, q
+        proposal = yield from self.model.propose(gamma, room, find)
+        self._x = proposal.x
+        return proposal
 
-    def q_here(self) -> Forwards[torch.Tensor | None]:
+    def commit(self, accepted: int, tokens: torch.Tensor) -> None:
+        """See `Proposer.commit`; the lookup's sequence grows by the kept drafts and `tokens`
+        [m]."""
+        self.model.commit(accepted, tokens)
+        self.lookup.extend(torch.cat([self._x[:accepted], tokens.to(self._x.device)]))
         self._x = self._x[:0]
-        return (yield from self.model.q_here())
-
-    def commit(self, accepted: int, gamma: int, token: torch.Tensor) -> None:
-        """See `Proposer.commit`; the lookup's sequence grows by the kept drafts and `token`
-        [1]."""
-        self.model.commit(accepted, gamma, token)
-        self.lookup.extend(torch.cat([self._x[:accepted], token.to(self._x.device)]))
-
-    def force(self, tokens: torch.Tensor) -> None:
-        """See `Proposer.force`; the lookup's sequence grows by `tokens` too."""
-        self.model.force(tokens)
-        self.lookup.extend(tokens)

@@ -12,8 +12,29 @@ copies with a `RunCurve` of its own.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from rapid_integrations.config import RapidConfig
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """What one pass of the loop did, as the schedule learns from it (`GammaSchedule.update`).
+
+    asked: model picks the schedule asked for; drafted: drafts proposed (`copied` of them
+    copies the draft kept, section 2.10); accepted: drafts the verdict kept (the pass emitted
+    accepted + 1 tokens); draft_seconds, verify_seconds: wall seconds drafting, and verifying
+    (the target pass and the verdict); draft_passes: the draft's forward passes (None: one per
+    pick).
+    """
+
+    asked: int
+    drafted: int
+    accepted: int
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    draft_passes: int | None = None
+    copied: int = 0
 
 
 class RunCurve:
@@ -258,24 +279,19 @@ class GammaSchedule:
         """Drafts the model may propose next (0: none; copies may still be proposed)."""
         return 0 if self.stopped or not self.drafting else self._gamma
 
-    def update(
-        self,
-        asked: int,
-        drafted: int,
-        accepted: int,
-        draft_seconds: float = 0.0,
-        verify_seconds: float = 0.0,
-        draft_passes: int | None = None,
-        copied: int = 0,
-    ) -> None:
-        """After a pass that asked for `asked` model picks, got `drafted` drafts (`copied` of
-        them copies the draft kept, section 2.10) and accepted `accepted` (emitting accepted +
-        1 tokens), drafting for `draft_seconds` in `draft_passes` forward passes of the draft
-        (default: one per pick) and verifying (the target pass and the verdict) for
-        `verify_seconds` of wall time."""
+    def update(self, done: PassRecord) -> None:
+        """Learn from the pass `done` and choose the next gamma."""
+        asked, drafted, accepted, copied = done.asked, done.drafted, done.accepted, done.copied
         if self._timed:
             drafts, copies = (drafted, copied) if asked else (0, 0)
-            self.costs.record(drafts, accepted, draft_seconds, verify_seconds, draft_passes, copies)
+            self.costs.record(
+                drafts,
+                accepted,
+                done.draft_seconds,
+                done.verify_seconds,
+                done.draft_passes,
+                copies,
+            )
         elif asked and drafted:
             # Untimed, only the curve: a batch's cap reads it (docs/algorithm.md section 14.2).
             self.costs.learn(drafted, accepted, copied)
