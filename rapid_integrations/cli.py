@@ -261,7 +261,7 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--variants",
         type=_words,
-        help="rapid variants the QA suite adds: no-lookup,paper,adaptive,draft-confidence",
+        help="rapid variants the QA suite adds, e.g. no-lookup,paper,adaptive,deterministic",
     )
     p.add_argument("--variant-etas", type=_floats, help="eta values of the --variants")
     p.add_argument(

@@ -250,13 +250,14 @@ def test_a_float32_model_is_refused():
 @pytest.mark.usefixtures("threads")
 def test_smollm2_gives_one_answer_about_the_observatory():
     """The question of the report that found it: SmolLM2 in bf16, RAPID (eta 5, greedy), on
-    the bundled document's 6,000 characters around its field note, asked about the visiting
-    hours. On the default path the call after another question on the document (its prefix
-    cached) answered "... 10:30am to 10:30", the fresh call "... 10:30am to 12:30"."""
+    the bundled document around its field note, asked about the visiting hours. On the
+    default path, with 6,000 characters, the call after another question on the document (its
+    prefix cached) answered "... 10:30am to 10:30", the fresh call "... 10:30am to 12:30"; here
+    3,000 characters (about 850 tokens) keep the five ways under half a minute."""
     from rapid_integrations.demo_data import QUESTION, demo_excerpt, demo_messages
 
     engine = RapidEngine.from_default(dtype="bfloat16", deterministic=True)
-    document = demo_excerpt(6000)
+    document = demo_excerpt(3000)
     asked = demo_messages(
         document, "What does the document say about the observatory's visiting hours?"
     )
@@ -271,7 +272,7 @@ def test_smollm2_gives_one_answer_about_the_observatory():
         ).text
         engine.generate(other, **options)  # stores the document's prefix
         cached = engine.generate(asked, **options)
-        assert cached.stats.cached_prefix_tokens > 1000
+        assert cached.stats.cached_prefix_tokens > 700
         answers[f"cached, {threads} threads"] = cached.text
     engine.prefix_cache.clear()
     questions = [asked, other, demo_messages(document, "Who wrote the field note?")]

@@ -101,7 +101,7 @@ def test_a_measured_gamma_continues_where_the_last_call_ended():
     assert not fresh_one and not fresh_two and one is not two
     assert one.drafting and one.gamma == two.gamma == ended
     assert one.costs.plain_step == pytest.approx(0.05)
-    one.update(1, 1, 0, 0.5, 0.5)  # a pass that loses badly, in one call only
+    one.update(PassRecord(1, 1, 0, 0.5, 0.5))  # a pass that loses badly, in one call only
     assert one.gamma < ended and two.gamma == ended
     assert memory.start(key, cfg)[1]  # the lifetime of 2 is spent
 

@@ -109,6 +109,7 @@ VARIANTS: dict[str, tuple[tuple[str, Any], ...]] = {
     "draft-confidence": DRAFT_CONFIDENCE,
     "off-topic": OFF_TOPIC,
     "draft-confidence+off-topic": DRAFT_CONFIDENCE + OFF_TOPIC,
+    "deterministic": (("deterministic", True),),
 }
 """Named rapid variants (their `RapidConfig` overrides): `--long` runs the first four, and
 `--variants` adds any of them to the QA suite. `adaptive-again` is `adaptive` run right after
@@ -116,7 +117,9 @@ it: the engine's next call at that length, which starts from the schedule the fi
 (docs/algorithm.md section 2.11). The lookup proposer is on by default, so `no-lookup`
 measures what it adds (section 2.10). `draft-confidence` scales eta per row by the draft's top
 probability (section 2.3). `off-topic` retrieves fixed unrelated paragraphs instead of the
-document's (bench/off_topic.py): RAPID's accuracy with a useless C^S against lc's."""
+document's (bench/off_topic.py): RAPID's accuracy with a useless C^S against lc's.
+`deterministic` prices batch-invariant decoding (docs/algorithm.md section 8) beside the
+default path."""
 
 
 @dataclass(frozen=True)
