@@ -110,6 +110,8 @@ VARIANTS: dict[str, tuple[tuple[str, Any], ...]] = {
     "off-topic": OFF_TOPIC,
     "draft-confidence+off-topic": DRAFT_CONFIDENCE + OFF_TOPIC,
     "deterministic": (("deterministic", True),),
+    "attention": (("retriever", "attention"),),
+    "hybrid": (("retriever", "hybrid"),),
 }
 """Named rapid variants (their `RapidConfig` overrides): `--long` runs the first four, and
 `--variants` adds any of them to the QA suite. `adaptive-again` is `adaptive` run right after
@@ -119,7 +121,8 @@ measures what it adds (section 2.10). `draft-confidence` scales eta per row by t
 probability (section 2.3). `off-topic` retrieves fixed unrelated paragraphs instead of the
 document's (bench/off_topic.py): RAPID's accuracy with a useless C^S against lc's.
 `deterministic` prices batch-invariant decoding (docs/algorithm.md section 8) beside the
-default path."""
+default path; `attention` and `hybrid` build C^S from the target's cache (docs/retrieval.md,
+"The target's attention as the retriever") instead of the built-in embedder."""
 
 
 @dataclass(frozen=True)
@@ -849,12 +852,18 @@ class _Retrieved:
         """The task's draft prompts, built once each, by the retriever that builds them: None
         for the task's own (the engine's default), and each retriever a method names (the
         `off-topic` variant). The draft prompt is passed explicitly, which the engine prefers
-        to a `retriever` option, so a method must get the C^S of its own retriever here."""
+        to a `retriever` option, so a method must get the C^S of its own retriever here. A
+        retriever named by a string reads the target's cache ("attention", "hybrid"): the
+        engine builds its C^S inside the call, after the target's prefill, so its time is the
+        call's and its recall is not measured."""
         drafts: dict[ContextRetriever | None, _Retrieved] = {
             None: cls.build(engine, task, any(m.retrieves for m in methods))
         }
         for retriever in {_own_retriever(m) for m in methods} - {None}:
-            drafts[retriever] = cls.build(engine, task, True, retriever)
+            inside = isinstance(retriever, str)
+            drafts[retriever] = (
+                cls(None, 0.0, None) if inside else cls.build(engine, task, True, retriever)
+            )
         return drafts
 
 
