@@ -173,7 +173,7 @@ class RapidConfig:
     #     and a seeded sampled one, is the same whatever the thread count, the prefix cache,
     #     the drafts' lengths or the other calls in a batch (docs/algorithm.md section 8).
     #     A bf16 model on the CPU only; it costs speed and the shared prefix's memory
-    #     (docs/performance.md, "Deterministic decoding").
+    #     (docs/performance.md, "Other figures").
     deterministic: bool = False
 
     def __post_init__(self) -> None:

@@ -848,7 +848,7 @@ class _Retrieved:
     @classmethod
     def for_methods(
         cls, engine: RapidEngine, task: Task, methods: Sequence[Method]
-    ) -> dict[ContextRetriever | None, _Retrieved]:
+    ) -> dict[ContextRetriever | str | None, _Retrieved]:
         """The task's draft prompts, built once each, by the retriever that builds them: None
         for the task's own (the engine's default), and each retriever a method names (the
         `off-topic` variant). The draft prompt is passed explicitly, which the engine prefers
@@ -856,20 +856,21 @@ class _Retrieved:
         retriever named by a string reads the target's cache ("attention", "hybrid"): the
         engine builds its C^S inside the call, after the target's prefill, so its time is the
         call's and its recall is not measured."""
-        drafts: dict[ContextRetriever | None, _Retrieved] = {
+        drafts: dict[ContextRetriever | str | None, _Retrieved] = {
             None: cls.build(engine, task, any(m.retrieves for m in methods))
         }
         for retriever in {_own_retriever(m) for m in methods} - {None}:
-            inside = isinstance(retriever, str)
-            drafts[retriever] = (
-                cls(None, 0.0, None) if inside else cls.build(engine, task, True, retriever)
-            )
+            if isinstance(retriever, str):
+                drafts[retriever] = cls(None, 0.0, None)
+            else:
+                drafts[retriever] = cls.build(engine, task, True, retriever)
         return drafts
 
 
-def _own_retriever(method: Method) -> ContextRetriever | None:
-    """The retriever a method's options name, None where it reads the task's own C^S."""
-    return cast("ContextRetriever | None", dict(method.options).get("retriever"))
+def _own_retriever(method: Method) -> ContextRetriever | str | None:
+    """The retriever a method's options name (an object, or the name of one that reads the
+    target's cache), None where it reads the task's own C^S."""
+    return cast("ContextRetriever | str | None", dict(method.options).get("retriever"))
 
 
 def _measure(call: _Call, gguf: Path | None) -> Measurement:
