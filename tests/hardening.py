@@ -68,6 +68,17 @@ def slow_down(seconds: float) -> Callable[..., Any]:
     return around
 
 
+def held_until(gate: threading.Event, timeout: float = 120) -> Callable[..., Any]:
+    """A forward that waits for `gate` first: a request stays in flight until the test lets it go,
+    however slow the machine is."""
+
+    def around(forward: Forward, **kwargs: Any) -> Any:
+        gate.wait(timeout)
+        return forward(**kwargs)
+
+    return around
+
+
 class CacheTracker:
     """Weak references to every KV cache the engine allocates while installed."""
 

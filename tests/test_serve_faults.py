@@ -22,7 +22,7 @@ import pytest
 from rapid_integrations.serve.app import _Run
 from rapid_integrations.serve.errors import ServeError
 from rapid_integrations.serve.scheduler import SequenceQueue
-from tests.hardening import patched_forward, slow_down, track_caches
+from tests.hardening import held_until, patched_forward, slow_down, track_caches
 from tests.serve_fixtures import MODEL, live_server, metric, metrics_of, wait_until
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
@@ -59,20 +59,24 @@ def counting_forward(calls: list[float]) -> Callable[..., Any]:
 
 
 def test_full_queue_answers_429_with_retry_after(served_model_dir: Path) -> None:
+    gate = threading.Event()  # the first request holds the only slot until both refusals are seen
     with live_server(served_model_dir, max_running=1, max_waiting=1) as server:
-        with patched_forward(server.engine.target, slow_down(STEP_SECONDS)):
-            url = server.url + "/v1/chat/completions"
-            first, first_out = in_thread(lambda: httpx.post(url, json=MEDIUM, timeout=120))
-            assert wait_until(lambda: metric(metrics_of(server), "rapid_running_requests") == 1)
-            second, second_out = in_thread(lambda: httpx.post(url, json=SHORT, timeout=120))
-            assert wait_until(lambda: metric(metrics_of(server), "rapid_queue_depth") == 1)
-            refused = httpx.post(url, json=SHORT, timeout=60)
-            assert refused.status_code == 429
-            assert int(refused.headers["Retry-After"]) >= 1
-            assert refused.json()["error"]["code"] == "queue_full"
-            client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-            with pytest.raises(openai.RateLimitError, match="busy"):
-                client.chat.completions.create(**SDK_SHORT)
+        with patched_forward(server.engine.target, held_until(gate)):
+            try:
+                url = server.url + "/v1/chat/completions"
+                first, first_out = in_thread(lambda: httpx.post(url, json=MEDIUM, timeout=120))
+                assert wait_until(lambda: metric(metrics_of(server), "rapid_running_requests") == 1)
+                second, second_out = in_thread(lambda: httpx.post(url, json=SHORT, timeout=120))
+                assert wait_until(lambda: metric(metrics_of(server), "rapid_queue_depth") == 1)
+                refused = httpx.post(url, json=SHORT, timeout=60)
+                assert refused.status_code == 429
+                assert int(refused.headers["Retry-After"]) >= 1
+                assert refused.json()["error"]["code"] == "queue_full"
+                client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+                with pytest.raises(openai.RateLimitError, match="busy"):
+                    client.chat.completions.create(**SDK_SHORT)
+            finally:
+                gate.set()  # a failed assertion must not leave the worker waiting
             first.join(120)
             second.join(120)
         assert first_out[0].status_code == 200
