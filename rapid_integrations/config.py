@@ -16,7 +16,7 @@ from rapid_integrations.errors import RapidConfigError
 Mode = Literal["rapid", "sd", "lc", "rag"]
 Residual = Literal["paper", "exact"]
 TailGuard = Literal["paper", "draft", "none"]
-EtaRule = Literal["fixed", "draft-confidence"]
+EtaRule = Literal["fixed", "draft-confidence", "grounded"]
 Truncation = Literal["error", "head_tail"]
 RetrievalFallback = Literal["builtin", "lc", "raise"]
 DtypeName = Literal["auto", "bfloat16", "float16", "float32"]
@@ -76,7 +76,9 @@ class RapidConfig:
                   q(v) >= tail_ratio * max q; "none": no guard.
       eta_rule    "fixed" (default): every row shifts by eta; "draft-confidence": row i by
                   eta * max_v q_i(v), strong where the draft is sure of its token, weak where
-                  it guesses (docs/algorithm.md section 2.3).
+                  it guesses; "grounded": row i by eta where the draft's top token continues
+                  a run of C^S (the two tokens before it and it occur there), else 0
+                  (docs/algorithm.md section 2.3).
       top_k, min_p, repetition_penalty  transformers' sampling options (0, 0 and 1 = off),
                   applied identically to p and q (docs/algorithm.md section 9).
     end_guard   where the target's most likely token is end-of-sequence, p_hat = p (not in the

@@ -27,6 +27,7 @@ class Rules:
     end_ids: tuple[int, ...] = ()  # end guard (section 2.4) on when non-empty
     confidence_guard: bool = False  # section 2.4: rows with max p >= max q keep p
     eta_rule: str = "fixed"  # "fixed" | "draft-confidence" (eta_i = eta max_v q_i(v))
+    lean: tuple[bool, ...] | None = None  # rows that lean ("grounded"); None: every row
 
 
 def softmax(a: np.ndarray) -> np.ndarray:
@@ -74,6 +75,8 @@ def augmented(p: np.ndarray, q: np.ndarray, rules: Rules) -> np.ndarray:
     keep_p = np.isin(p.argmax(axis=-1), list(rules.end_ids))
     if rules.confidence_guard:
         keep_p |= p.max(axis=-1) >= q.max(axis=-1)
+    if rules.lean is not None:
+        keep_p |= ~np.array(rules.lean[: len(p)])
     return np.where(keep_p[:, None], p, out)
 
 

@@ -51,24 +51,28 @@ def far_steps(rules: oracle.Rules, count: int = 3):
     return steps
 
 
-def run_verdicts(z, x, q, cfg: RapidConfig, end_ids=(), draws: int = DRAWS) -> np.ndarray:
+def run_verdicts(
+    z, x, q, cfg: RapidConfig, end_ids=(), draws: int = DRAWS, lean=None
+) -> np.ndarray:
     """Counts [gamma + 1, V] of (n, token) over `draws` verdicts with a seeded generator."""
     gen = torch.Generator().manual_seed(1234)
     zt, xt = torch.from_numpy(z), torch.from_numpy(x)
     qt = None if q is None else torch.from_numpy(q)
     ends = torch.tensor(end_ids, dtype=torch.long) if end_ids else None
+    leans = None if lean is None else torch.tensor(lean)
     counts = np.zeros((len(x) + 1, z.shape[-1]))
     for _ in range(draws):
-        n, token = verdict(zt, xt, qt, cfg, gen, ends)
+        n, token = verdict(zt, xt, qt, cfg, gen, ends, leans)
         counts[n, int(token)] += 1
     return counts
 
 
-def greedy_verdict(z, x, q, cfg: RapidConfig, end_ids=()) -> tuple[int, int]:
+def greedy_verdict(z, x, q, cfg: RapidConfig, end_ids=(), lean=None) -> tuple[int, int]:
     """(n, token) of one greedy verdict."""
     ends = torch.tensor(end_ids, dtype=torch.long) if end_ids else None
     t = torch.from_numpy
-    n, token = verdict(t(z), t(x), t(q), cfg, torch.Generator(), ends)
+    leans = None if lean is None else torch.tensor(lean)
+    n, token = verdict(t(z), t(x), t(q), cfg, torch.Generator(), ends, leans)
     return n, int(token)
 
 
@@ -146,6 +150,30 @@ def test_draft_confidence_rule_scales_eta_by_the_drafts_top_probability():
             eta=eta, temperature=0.0, eta_rule="draft-confidence", confidence_guard=False
         )
         assert greedy_verdict(z, x, q, cfg0) == want == (1, want[1])
+
+
+def test_rows_that_do_not_lean_follow_p():
+    """eta_rule="grounded" (section 2.3): the verdict leans only on the rows `lean` marks; the
+    others follow p. Sampled law against the oracle with rows 1 and 3 held to p, on steps
+    where p_hat is far from p on every row (so holding a row back changes the law), and greedy
+    token for token."""
+    eta, lean = 6.0, (True, False, True, False)
+    every = oracle.Rules(eta)
+    rules = oracle.Rules(eta, lean=lean)
+    cfg = RapidConfig(eta=eta, temperature=1.0, eta_rule="grounded", confidence_guard=False)
+    for z, q, x in far_steps(every):
+        p = oracle.target_p(z, 1.0, 1.0)[:GAMMA]
+        held = oracle.total_variation(oracle.augmented(p, q, every), oracle.augmented(p, q, rules))
+        assert held[[1, 3]].min() > 0 and held[[0, 2]].max() == 0
+        assert_law(run_verdicts(z, x, q, cfg, lean=lean), oracle.step_law(z, x, q, rules))
+    greedy = oracle.Rules(eta, temperature=0.0, lean=lean)
+    cfg0 = RapidConfig(eta=eta, temperature=0.0, eta_rule="grounded", confidence_guard=False)
+    for seed in range(20):
+        z, q, _ = synthetic(seed)
+        x = oracle.augmented(oracle.softmax(z[:GAMMA]), q, greedy).argmax(-1)
+        x[3] = (x[3] + 1) % V
+        want = oracle.greedy_step(z, x, q, greedy)
+        assert greedy_verdict(z, x, q, cfg0, lean=lean) == want == (3, want[1])
 
 
 def test_accepted_drafts_reach_the_bonus_row():

@@ -112,6 +112,7 @@ VARIANTS: dict[str, tuple[tuple[str, Any], ...]] = {
     "deterministic": (("deterministic", True),),
     "attention": (("retriever", "attention"),),
     "hybrid": (("retriever", "hybrid"),),
+    "grounded": (("eta_rule", "grounded"),),
 }
 """Named rapid variants (their `RapidConfig` overrides): `--long` runs the first four, and
 `--variants` adds any of them to the QA suite. `adaptive-again` is `adaptive` run right after
@@ -122,7 +123,8 @@ probability (section 2.3). `off-topic` retrieves fixed unrelated paragraphs inst
 document's (bench/off_topic.py): RAPID's accuracy with a useless C^S against lc's.
 `deterministic` prices batch-invariant decoding (docs/algorithm.md section 8) beside the
 default path; `attention` and `hybrid` build C^S from the target's cache (docs/retrieval.md,
-"The target's attention as the retriever") instead of the built-in embedder."""
+"The target's attention as the retriever") instead of the built-in embedder. `grounded` leans
+only on rows whose draft token continues a run of C^S (docs/algorithm.md section 2.3)."""
 
 
 @dataclass(frozen=True)

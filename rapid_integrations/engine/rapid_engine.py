@@ -63,6 +63,7 @@ from rapid_integrations.runtime.compiled import compile_decode
 from rapid_integrations.runtime.kv import Forwards, KVState, check_cache_layout
 from rapid_integrations.runtime.prefix_cache import PrefixCache
 from rapid_integrations.runtime.threads import configure_torch_threads, follow_load
+from rapid_integrations.sample.grounding import Grounding
 from rapid_integrations.spec_decode.batch_caps import BatchSeat
 from rapid_integrations.spec_decode.drafting import (
     LookupFirst,
@@ -420,6 +421,7 @@ class RapidEngine:
             draft_shaping,
             LogprobScorer(cfg, self._vocabulary_bytes()) if cfg.logprobs else None,
             seat or BatchSeat(),
+            _grounding(plan),
         )
         finish: FinishReason | None = None
         while finish is None:
@@ -684,6 +686,15 @@ class RapidEngine:
         keep = window - min(cfg.max_new_tokens, window // 4)
         head = keep // 4
         return ids[:head] + ids[len(ids) - (keep - head) :]
+
+
+def _grounding(plan: Plan) -> Grounding | None:
+    """The rows a call's verdict leans on, for `eta_rule="grounded"` with a draft and a lean
+    (docs/algorithm.md section 2.3); None: every row."""
+    cfg = plan.cfg
+    if cfg.eta_rule != "grounded" or cfg.eta == 0 or plan.draft_ids is None:
+        return None
+    return Grounding(plan.draft_ids, plan.ids)
 
 
 def _lean_only_with_retrieval(

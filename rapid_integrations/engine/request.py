@@ -22,6 +22,7 @@ from rapid_integrations.config import RapidConfig
 from rapid_integrations.output.logprobs import LogprobScorer
 from rapid_integrations.output.outputs import Delta, FinishReason, RapidOutput, RapidStats
 from rapid_integrations.runtime.kv import KVState
+from rapid_integrations.sample.grounding import Grounding
 from rapid_integrations.spec_decode.batch_caps import BatchSeat
 from rapid_integrations.spec_decode.drafting import Proposer
 from rapid_integrations.spec_decode.schedule import GammaSchedule
@@ -62,7 +63,8 @@ class Request:
     the end guard's ids (None: no guard); `constraints` shape the target's logits
     (docs/algorithm.md section 9; None: raw logits), `draft_constraints` the draft's; `scorer`
     scores each pass's committed tokens (section 12; None: no log probabilities). `seat` is the
-    call's place in a batch, whose cap bounds gamma (section 14.2; alone, none). `start` is the
+    call's place in a batch, whose cap bounds gamma (section 14.2; alone, none); `grounding`
+    picks the rows the verdict leans on (`eta_rule="grounded"`, section 2.3; None: all). `start` is the
     perf_counter second the call was made; `emit` gets each committed delta.
     """
 
@@ -82,6 +84,7 @@ class Request:
     draft_constraints: Constraints | None = None
     scorer: LogprobScorer | None = None
     seat: BatchSeat = field(default_factory=BatchSeat)
+    grounding: Grounding | None = None
 
     def __post_init__(self) -> None:
         self.seat.schedule = self.schedule if self.proposer else None

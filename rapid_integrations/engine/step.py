@@ -71,10 +71,14 @@ def _settle(request: Request, drafted: _DraftPhase, logits: torch.Tensor) -> lis
     x, q, proposer = drafted.proposal.x, drafted.proposal.q, request.proposer
     gamma = x.numel()  # a proposer may stop early (docs/algorithm.md section 2.9)
     z = request.constraints.apply(logits, x) if request.constraints else logits
-    n, token = verdict(z, x, q, request.cfg, request.gen, request.end_ids)
+    lean = request.grounding.rows(x, q) if request.grounding and q is not None else None
+    n, token = verdict(z, x, q, request.cfg, request.gen, request.end_ids, lean)
     committed = x[:n].tolist() + token.tolist()
     if request.scorer:
-        request.scorer.score(logits, z, q, request.end_ids, committed)
+        request.scorer.score(logits, z, q, request.end_ids, committed, lean)
+    if request.grounding:
+        request.grounding.commit(committed)
+        request.stats.grounded_rows += 0 if lean is None else int(lean[: n + 1].sum())
     request.target.rollback(gamma - n)
     request.target.append(token)
     if request.constraints:
@@ -110,5 +114,7 @@ def _force(request: Request, tokens: list[int]) -> Forwards[None]:
         request.constraints.settle(0, ids)
     if request.scorer:
         request.scorer.score(logits, logits, None, None, tokens)
+    if request.grounding:
+        request.grounding.commit(tokens)
     if request.proposer:
         request.proposer.commit(0, ids)

@@ -58,17 +58,19 @@ class LogprobScorer:
         q: torch.Tensor | None,
         end_ids: torch.Tensor | None,
         tokens: list[int],
+        lean: torch.Tensor | None = None,
     ) -> None:
         """Score the k `tokens` one pass committed. logits: the model's raw rows [>= k, V]
         (row i predicts token i); shaped: the same rows as the verdict read them (grammar,
-        repetition penalty); q: the draft's rows [<= k, V] or None."""
+        repetition penalty); q: the draft's rows [<= k, V] or None; lean: the verdict's rows
+        that leaned ([len(q)] bool, None: all)."""
         rows = len(tokens)
         logp = torch.log_softmax(logits[:rows].to(_wide(logits.dtype)), dim=-1)
         ids = torch.tensor(tokens, device=logp.device)[:, None]
         chosen = logp.gather(1, ids)[:, 0].tolist()
         p_hat: list[float | None] = [None] * rows
         if self._cfg.logprobs_p_hat:
-            rows_p_hat = p_hat_rows(shaped[:rows], q, self._cfg, end_ids)
+            rows_p_hat = p_hat_rows(shaped[:rows], q, self._cfg, end_ids, lean)
             p_hat = rows_p_hat.gather(1, ids.to(rows_p_hat.device))[:, 0].log().tolist()
         top_values: list[list[float]] = [[]] * rows
         top_ids: list[list[int]] = [[]] * rows

@@ -45,12 +45,15 @@ class RapidStats:
     and acceptance math, detokenization, Python). grammar_seconds: the part of it spent on
     grammar masks and matcher moves (docs/algorithm.md section 10), both models together.
     lean_skipped: the draft read the target's own prompt (nothing retrieved), so the call ran
-    as eta 0 and `eta` says 0.0 (docs/algorithm.md section 1.1).
+    as eta 0 and `eta` says 0.0 (docs/algorithm.md section 1.1). grounded_rows: under
+    `eta_rule="grounded"`, the committed tokens whose verify row leaned (the draft's top token
+    continued a run of C^S, section 2.3); 0 under the other rules.
     """
 
     mode: str = "rapid"
     eta: float = 0.0
     lean_skipped: bool = False
+    grounded_rows: int = 0
     gamma: int = 0
     seed: int | None = None
     target_context_tokens: int = 0

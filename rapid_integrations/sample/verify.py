@@ -4,7 +4,8 @@ Terms (after vLLM's rejection sampler; docs/algorithm.md sections 2.3-2.7 and 3)
   p        the target's distribution per position, softmax(z / T) after top-p, [gamma + 1, V];
   q        the draft's sampling distribution at each drafted position (same T, top-p), [gamma, V];
   p_hat    the retrieval-augmented target softmax(z / T + eta (q - p)), tail-, confidence- and
-           end-guarded, [gamma, V]; it is p when eta = 0;
+           end-guarded, [gamma, V]; it is p when eta = 0 and on rows that do not lean;
+  lean     which of q's rows p_hat leans on, [rows] bool (`grounding.Grounding`; None: all);
   accepted tokens   the drafts x_1..x_n kept, each with probability min(1, p_hat_i(x_i) / q_i(x_i))
            (greedy: iff x_i == argmax p_hat_i), left to right until the first rejection;
   rejected token    the first draft x_{n+1} not kept; every draft after it is discarded too;
@@ -40,44 +41,60 @@ def verdict(
     cfg: RapidConfig,
     gen: torch.Generator,
     end_ids: torch.Tensor | None = None,
+    lean: torch.Tensor | None = None,
 ) -> tuple[int, torch.Tensor]:
     """Accept a prefix of the drafts and pick the next token.
 
     z: [gamma + 1, V] target logits at the drafts' positions and one past them;
     x: [gamma] draft ids; q: [gamma, V] or [gamma + 1, V] (a row for the bonus position)
     draft distributions (None when greedy with eta = 0);
-    end_ids: end-of-sequence ids for `sampling.end_guard` (None: no guard).
+    end_ids: end-of-sequence ids for `sampling.end_guard` (None: no guard);
+    lean: [len(q)] bool, the rows p_hat leans on (None: every row of q).
     Returns (n accepted, the token [1] emitted after them).
     """
     x = x.to(z.device)
     q = None if q is None else q.to(z.device)
+    lean = None if lean is None else lean.to(z.device)
     if cfg.greedy:
-        return _greedy(z, x, q, cfg, end_ids)
-    return _sampled(z, x, q, cfg, gen, end_ids)
+        return _greedy(z, x, q, cfg, end_ids, lean)
+    return _sampled(z, x, q, cfg, gen, end_ids, lean)
 
 
 def _augmented(
-    logp: torch.Tensor, q: torch.Tensor, cfg: RapidConfig, end_ids: torch.Tensor | None
+    logp: torch.Tensor,
+    q: torch.Tensor,
+    cfg: RapidConfig,
+    end_ids: torch.Tensor | None,
+    lean: torch.Tensor | None,
 ) -> torch.Tensor:
-    """p_hat for the draft rows, confidence and end guards applied: logp, q [gamma, V] ->
-    [gamma, V]."""
+    """p_hat for the draft rows, confidence and end guards applied, p on the rows that do not
+    lean: logp, q [gamma, V], lean [gamma] bool or None -> [gamma, V]."""
     ph = p_hat(logp, q, cfg.eta, cfg.tail_guard, cfg.tail_ratio, cfg.eta_rule)
     p = logp.exp()
     ph = confidence_guard(ph, p, q) if cfg.confidence_guard else ph
+    ph = ph if lean is None else torch.where(lean[:, None], ph, p)
     return ph if end_ids is None else end_guard(ph, p, end_ids)
 
 
 def p_hat_rows(
-    z: torch.Tensor, q: torch.Tensor | None, cfg: RapidConfig, end_ids: torch.Tensor | None
+    z: torch.Tensor,
+    q: torch.Tensor | None,
+    cfg: RapidConfig,
+    end_ids: torch.Tensor | None,
+    lean: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The law `verdict` decides with at each row of z [k, V]: p_hat where q has a row
-    (guards applied), p past q's rows; temperature, top-k, top-p and min-p applied when
-    sampling, softmax at T = 1 when greedy (section 3). Returns probabilities [k, V]."""
+    (guards applied; p where `lean` [len(q)] is False), p past q's rows; temperature, top-k,
+    top-p and min-p applied when sampling, softmax at T = 1 when greedy (section 3). Returns
+    probabilities [k, V]."""
     if cfg.greedy:
         logp = log_probs(z, 0.0, 1.0)
     else:
         logp = log_probs(z, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
-    return _with_p_hat(logp, logp.exp(), None if q is None else q[: len(z)], cfg, end_ids)
+    rows = len(z)
+    q = None if q is None else q[:rows]
+    lean = None if lean is None else lean[:rows].to(z.device)
+    return _with_p_hat(logp, logp.exp(), q, cfg, end_ids, lean)
 
 
 def _with_p_hat(
@@ -86,12 +103,13 @@ def _with_p_hat(
     q: torch.Tensor | None,
     cfg: RapidConfig,
     end_ids: torch.Tensor | None,
+    lean: torch.Tensor | None,
 ) -> torch.Tensor:
     """p_hat on q's rows and p on the rows past them: logp and p = exp(logp) [k, V] (the
-    caller's, which needs p too), q [<= k, V] -> [k, V]."""
+    caller's, which needs p too), q [<= k, V], lean [len(q)] bool or None -> [k, V]."""
     rows = 0 if q is None else len(q)
     return (
-        torch.cat([_augmented(logp[:rows], q, cfg, end_ids), p[rows:]])
+        torch.cat([_augmented(logp[:rows], q, cfg, end_ids, lean), p[rows:]])
         if q is not None and rows
         else p
     )
@@ -103,6 +121,7 @@ def _greedy(
     q: torch.Tensor | None,
     cfg: RapidConfig,
     end_ids: torch.Tensor | None,
+    lean: torch.Tensor | None,
 ) -> tuple[int, torch.Tensor]:
     """`verdict` at temperature 0; shapes as there (q may be None only when eta = 0)."""
     # docs/algorithm.md section 3: accept iff x_i == argmax p_hat_i (T = 1 softmaxes); emit argmax p_hat on
@@ -115,7 +134,9 @@ def _greedy(
     if q is not None and len(q):
         # The full-vocabulary softmax is needed only when p_hat differs from p.
         rows = len(q)
-        y[:rows] = _augmented(log_probs(z[:rows], 0.0, 1.0), q, cfg, end_ids).argmax(-1)
+        top = _augmented(log_probs(z[:rows], 0.0, 1.0), q, cfg, end_ids, lean).argmax(-1)
+        # A row that does not lean keeps argmax z, for the reason above.
+        y[:rows] = top if lean is None else torch.where(lean, top, y[:rows])
     mismatch = (y[:gamma] != x).int()
     n = int(mismatch.argmax()) if bool(mismatch.any()) else gamma
     return n, y[n : n + 1]
@@ -128,12 +149,13 @@ def _sampled(
     cfg: RapidConfig,
     gen: torch.Generator,
     end_ids: torch.Tensor | None,
+    lean: torch.Tensor | None,
 ) -> tuple[int, torch.Tensor]:
     """`verdict` when sampling; shapes as there (q has at least gamma rows whenever gamma > 0)."""
     logp = log_probs(z, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
     gamma = x.numel()
     p = logp.exp()  # [gamma + 1, V]
-    ph = _with_p_hat(logp, p, q, cfg, end_ids)
+    ph = _with_p_hat(logp, p, q, cfg, end_ids, lean)
     if not gamma:
         return 0, torch.multinomial(ph[0], 1, generator=gen)
     assert q is not None
