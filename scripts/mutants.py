@@ -419,6 +419,30 @@ MUTANTS: tuple[Mutant, ...] = (
         "if draft_ids == ids or cfg.eta == 0.0:",
         ("tests/test_no_lean.py",),
     ),
+    Mutant(
+        "grounding-window-off-by-one",
+        "eta_rule grounded: a row's run read one token late (the token before it skipped)",
+        "rapid_integrations/sample/grounding.py",
+        "(*seq[i : i + width], top)",
+        "(*seq[i + 1 : i + 1 + width], top)",
+        ("tests/test_grounded_lean.py",),
+    ),
+    Mutant(
+        "grounding-ignored",
+        "eta_rule grounded: rows outside C^S's runs lean all the same",
+        "rapid_integrations/sample/verify.py",
+        "ph = ph if lean is None else torch.where(lean[:, None], ph, p)",
+        "ph = ph",
+        (ORACLE + "::test_rows_that_do_not_lean_follow_p",),
+    ),
+    Mutant(
+        "grounding-tail-stale",
+        "eta_rule grounded: the committed tokens never extend the sequence the runs start from",
+        "rapid_integrations/engine/step.py",
+        "        request.grounding.commit(committed)",
+        "        pass",
+        ("tests/test_grounded_lean.py",),
+    ),
 )
 
 
