@@ -204,10 +204,6 @@ class RapidEngine:
         )
         if self.draft_precision != "none":
             self.draft = lower_precision_copy(self.draft, self.draft_precision)
-        # A lower-precision copy of the target reads its prompt through the target: a pass of
-        # many tokens runs faster at full precision on the CPU (docs/performance.md, "Why these
-        # defaults"), and the draft decodes on the target's KV of C^S.
-        self.draft_reader = self.target if self_draft and self.draft is not self.target else None
         check_cache_layout(self.target, "target")
         check_cache_layout(self.draft, "draft")
         for model in {id(m): m for m in (self.target, self.draft)}.values():
@@ -542,7 +538,6 @@ class RapidEngine:
                 draft,
                 self.draft_decode if draft else None,
                 deterministic=cfg.deterministic,
-                reader=self.draft_reader if draft else None,
             )
         )
 

@@ -286,7 +286,6 @@ class KVState:
         draft: bool = False,
         decode: Callable[..., Any] | None = None,
         deterministic: bool = False,
-        reader: PreTrainedModel | None = None,
     ) -> Forwards[KVState]:
         """Prefill all but the last prompt token, reusing a stored prefix when one matches
         (read in place where it can be shared, else copied: `_load`, section 14.1).
@@ -300,12 +299,7 @@ class KVState:
         `deterministic` (`RapidConfig.deterministic`, checked here: `invariant.prepare`):
         buffers padded for `invariant.attention` and zeroed, every pass packed (no compiled
         one), and only prefixes stored by deterministic sequences reused, copied.
-        `reader`: the model that reads the prompt, `model`'s own architecture (None: `model`;
-        not when deterministic): a lower-precision copy's prompt is read by the model it
-        copies, whose KV the prefix cache keeps and finds under that model; `model` decodes.
         """
-        if deterministic or reader is None:
-            reader = model
         if deterministic:
             role = "draft" if draft else "target"
             refusal = packing_refusal(model, new_cache(model, 1, role).layers)
@@ -313,20 +307,20 @@ class KVState:
             capacity, decode = invariant.padded_keys(capacity), None
         ids = torch.tensor(prompt, dtype=torch.long, device=model.device)
         cache = new_cache(model, capacity, zeroed=deterministic)
-        state = cls(reader, cache, ids[:0], vocab, deterministic=deterministic)
+        state = cls(model, cache, ids[:0], vocab, deterministic=deterministic)
         head = prompt[:-1]
         reuse = prefixes if max_prefix_bytes > 0 and state._plain_layers() else None
         if reuse is not None:
-            state.reused_tokens, parts = reuse.lookup(reader, head, deterministic)
+            state.reused_tokens, parts = reuse.lookup(model, head, deterministic)
             state._load(parts, share=decode is None and not deterministic)
         state.prefilling = True
         for start in range(state.reused_tokens, len(head), chunk):
             yield Feed(state, ids[start : min(start + chunk, len(head))], draft, keep=1)
         state.prefilling = False
         state.forward_passes, state.forward_seconds = 0, 0.0  # counted: decode passes only
-        state.model, state.pending, state.decode = model, ids[-1:], decode
+        state.pending, state.decode = ids[-1:], decode
         if reuse is not None and head:
-            reuse.store(reader, head, state._parts(), max_prefix_bytes, deterministic)
+            reuse.store(model, head, state._parts(), max_prefix_bytes, deterministic)
         return state
 
     def _plain_layers(self) -> bool:
