@@ -682,8 +682,8 @@ def test_every_q_the_verdict_reads_is_the_drafts_own(engines, draft, tok, monkey
 
     seen = []
 
-    def recording(z, x, q, cfg, gen, end_ids=None):
-        verdict = real(z, x, q, cfg, gen, end_ids)
+    def recording(z, x, q, cfg, gen, end_ids=None, lean=None):
+        verdict = real(z, x, q, cfg, gen, end_ids, lean)
         seen.append((x.tolist(), q, verdict[0], int(verdict[1])))
         return verdict
 
