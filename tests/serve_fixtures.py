@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
 from rapid_integrations import RapidEngine
 from rapid_integrations.serve import ServeSettings, create_app
+from rapid_integrations.serve.calls import EngineCall
 from tests.tiny import char_tokenizer, tiny_llama
 
 MODEL = "tiny"
@@ -88,6 +90,21 @@ def live_server(
     app = create_app(engine, ServeSettings(**{"served_model_name": MODEL, **settings}))
     with LiveServer(app, shutdown_timeout) as server:
         yield server
+
+
+def recorded_calls(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> list[EngineCall]:
+    """The engine calls `server` makes from now on, in order, recorded where they start
+    (batched or in a thread of their own)."""
+    served = server.app.state.server
+    seen: list[EngineCall] = []
+    events = served.events
+
+    def recording(call: EngineCall) -> Any:
+        seen.append(call)
+        return events(call)
+
+    monkeypatch.setattr(served, "events", recording)
+    return seen
 
 
 def metric(text: str, name: str) -> float:

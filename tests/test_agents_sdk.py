@@ -43,7 +43,7 @@ from openai import AsyncOpenAI
 from pydantic import BaseModel
 
 from rapid_integrations.serve.calls import EngineCall
-from tests.serve_fixtures import MODEL, LiveServer, live_server
+from tests.serve_fixtures import MODEL, LiveServer, live_server, recorded_calls
 
 QUESTION = "How many red mugs are in stock?"
 STOCK = "There are 412 red mugs in stock."
@@ -117,17 +117,8 @@ def server() -> Iterator[LiveServer]:
 @pytest.fixture
 def calls(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> list[EngineCall]:
     """The engine calls the server makes, in order."""
-    served = server.app.state.server
-    seen: list[EngineCall] = []
-    events = served.events
-
-    def recording(call: EngineCall) -> Any:
-        seen.append(call)
-        return events(call)
-
-    monkeypatch.setattr(served, "events", recording)
     looked_up.clear()
-    return seen
+    return recorded_calls(server, monkeypatch)
 
 
 def agent(model: Model) -> Agent[Any]:

@@ -12,7 +12,7 @@ import pytest
 
 from rapid_integrations import RapidEngine
 from rapid_integrations.serve.calls import EngineCall
-from tests.serve_fixtures import MODEL, LiveServer, live_server
+from tests.serve_fixtures import MODEL, LiveServer, live_server, recorded_calls
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
 
@@ -26,20 +26,8 @@ def server(served_model_dir: Path) -> Iterator[LiveServer]:
 
 
 @pytest.fixture
-def calls(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """The engine calls the server makes (prompt and options), recorded where they start
-    (batched or in a thread of their own)."""
-    served = server.app.state.server
-    seen: list[dict[str, Any]] = []
-    events = served.events
-
-    def recording(call: EngineCall) -> Any:
-        options = call.options
-        seen.append({"prompt": call.prompt, "mode": options.mode, **options.config})
-        return events(call)
-
-    monkeypatch.setattr(served, "events", recording)
-    return seen
+def calls(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> list[EngineCall]:
+    return recorded_calls(server, monkeypatch)
 
 
 @pytest.mark.parametrize(
@@ -111,7 +99,7 @@ async def test_langchain_async_streaming(server: LiveServer, reference: RapidEng
 
 
 def test_llamaindex_openai_like_in_a_query_engine(
-    server: LiveServer, reference: RapidEngine, calls: list[dict[str, Any]]
+    server: LiveServer, reference: RapidEngine, calls: list[EngineCall]
 ) -> None:
     from llama_index.core import Document, VectorStoreIndex
     from llama_index.core.embeddings import MockEmbedding
@@ -133,9 +121,10 @@ def test_llamaindex_openai_like_in_a_query_engine(
     engine = index.as_query_engine(llm=llm, similarity_top_k=2)
     answer = engine.query("where did the cab fade?")
     assert len(calls) == 1
-    sent = calls[0]["prompt"]
+    sent = calls[0].prompt
     assert "the jade cab faded by the lake." in sent[-1]["content"]  # retrieved context reached it
-    assert (calls[0]["gamma"], calls[0]["eta"]) == (3, 2.0)
+    config = calls[0].options.config
+    assert (config["gamma"], config["eta"]) == (3, 2.0)
     expected = reference.generate(sent, max_new_tokens=12, temperature=0.0, gamma=3, eta=2.0)
     assert str(answer) == expected.text.strip() or str(answer) == expected.text
     streaming = index.as_query_engine(llm=llm, similarity_top_k=2, streaming=True)
