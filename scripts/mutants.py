@@ -36,6 +36,8 @@ class Mutant:
 
 
 ORACLE = "tests/test_verdict_oracle.py"
+FOLLOWING = "rapid_integrations/retrieval/following.py"
+FOLLOWING_TESTS = "tests/test_retrieval_following.py"
 DISTRIBUTION = "tests/test_engine_distribution.py"
 BATCH = "tests/test_batch.py"
 SHARED = "tests/test_shared_prefix.py"
@@ -442,6 +444,41 @@ MUTANTS: tuple[Mutant, ...] = (
         "        request.grounding.commit(committed)",
         "        pass",
         ("tests/test_grounded_lean.py",),
+    ),
+    Mutant(
+        "following-head-off-by-one",
+        "retriever following: the answer's mass is read from the head after each probed one",
+        FOLLOWING,
+        "span_mass(mass_by_position(attention, retriever.heads), retriever.spans)",
+        "span_mass(mass_by_position(attention, [(a, (h + 1) % 4) for a, h in retriever.heads]),"
+        " retriever.spans)",
+        (FOLLOWING_TESTS,),
+    ),
+    Mutant(
+        "following-chunk-boundaries",
+        "retriever following: each chunk's answer mass summed one token late",
+        FOLLOWING,
+        "span_mass(mass_by_position(attention, retriever.heads), retriever.spans)",
+        "span_mass(mass_by_position(attention, retriever.heads),"
+        " [(a + 1, b + 1) for a, b in retriever.spans])",
+        (FOLLOWING_TESTS,),
+    ),
+    Mutant(
+        "following-stale-scores",
+        "retriever following: a change of C^S keeps the retriever's old scores, so the draft's"
+        " prompt is packed from the chunks it had",
+        FOLLOWING,
+        "        self.retriever.attention_scores = scores\n",
+        "",
+        (FOLLOWING_TESTS,),
+    ),
+    Mutant(
+        "following-rebuild-drops-a-token",
+        "retriever following: the rebuilt draft reads the answer but its last committed token",
+        "rapid_integrations/engine/rapid_engine.py",
+        "self.draft, draft_ids + committed, left",
+        "self.draft, draft_ids + committed[:-1], left",
+        (FOLLOWING_TESTS,),
     ),
 )
 

@@ -106,6 +106,36 @@ def draft(tok):
 
 
 @pytest.fixture(scope="module")
+def eager(tok):
+    """A tiny target (3 layers) whose attention transformers returns (eager): the oracle of
+    the retrievers that read the target's attention."""
+    model = tiny_llama(len(tok), seed=5, layers=3)
+    model.set_attn_implementation("eager")
+    return model
+
+
+@pytest.fixture(scope="module")
+def retrieving(target, draft, tok):
+    """eta = 0 engines with a C^S budget far under the prompts' middles (tests/
+    test_retrieval_attention.prompt), the embedder a hashing one."""
+    from rapid_integrations import RapidConfig, RapidEngine
+    from tests.retrieval_fixtures import HashingEmbedder
+
+    cfg = RapidConfig(
+        eta=0.0,
+        max_new_tokens=24,
+        ignore_eos=True,
+        retrieval_budget=24,
+        retrieval_embedder=HashingEmbedder(),
+        retrieval_threshold=0.0,
+    )
+    return {
+        "self": RapidEngine(target, tokenizer=tok, config=cfg),
+        "separate": RapidEngine(target, draft, tokenizer=tok, config=cfg),
+    }
+
+
+@pytest.fixture(scope="module")
 def engines(tok, target, draft):
     """eta = 0 engines on the tiny pair: self-speculation and a separate draft."""
     from rapid_integrations import RapidConfig, RapidEngine

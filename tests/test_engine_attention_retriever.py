@@ -5,34 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from rapid_integrations import RapidConfig, RapidEngine
+from rapid_integrations import RapidEngine
 from rapid_integrations.errors import RapidConfigError
 from rapid_integrations.retrieval import attention as att
-from tests.retrieval_fixtures import HashingEmbedder
 from tests.test_retrieval_attention import prompt
 from tests.tiny import char_tokenizer, greedy_mismatches
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
 
 
-@pytest.fixture(scope="module")
-def retrieving(target, draft, tok):
-    """eta = 0 engines with a C^S budget far under the prompts' middles."""
-    cfg = RapidConfig(
-        eta=0.0,
-        max_new_tokens=24,
-        ignore_eos=True,
-        retrieval_budget=24,
-        retrieval_embedder=HashingEmbedder(),
-        retrieval_threshold=0.0,
-    )
-    return {
-        "self": RapidEngine(target, tokenizer=tok, config=cfg),
-        "separate": RapidEngine(target, draft, tokenizer=tok, config=cfg),
-    }
-
-
-@pytest.mark.parametrize("retriever", [None, "attention", "hybrid"])
+@pytest.mark.parametrize("retriever", [None, "attention", "hybrid", "following"])
 @pytest.mark.parametrize("kind", ["self", "separate"])
 def test_eta0_greedy_is_the_targets_under_every_retriever(
     retrieving, target, tok, retriever, kind, monkeypatch

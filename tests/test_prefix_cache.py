@@ -72,6 +72,19 @@ def test_entries_covered_by_a_longer_prompt_are_dropped(target):
     assert store.lookup(torch.nn.Linear(1, 1), [1, 2]) == (0, [])  # other models never share KV
 
 
+def test_forgetting_the_draft_keeps_the_targets_prompt(engine, tok):
+    """The bench's draft_cold: the draft reads its prompt afresh, the target reuses its own."""
+    first = engine.generate(DOC + "x.", "ghi x.")
+    assert first.stats.draft_cached_prefix_tokens == 0
+    engine.prefix_cache.forget(engine.draft)
+    again = engine.generate(DOC + "x.", "ghi x.")
+    assert again.stats.draft_cached_prefix_tokens == 0
+    assert again.stats.cached_prefix_tokens == len(tok.encode(DOC + "x.")) - 1
+    assert again.token_ids == first.token_ids
+    warm = engine.generate(DOC + "x.", "ghi x.")
+    assert warm.stats.draft_cached_prefix_tokens == len(tok.encode("ghi x.")) - 1
+
+
 def test_concurrent_calls_match_sequential_ones(engine):
     prompts = [(DOC + q, "def " + q) for q in QUESTIONS * 3]
     sequential = [engine.generate(p, d, prefix_cache_bytes=0).token_ids for p, d in prompts]

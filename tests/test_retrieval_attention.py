@@ -15,7 +15,6 @@ from rapid_integrations import RapidConfig
 from rapid_integrations.retrieval import attention as att
 from rapid_integrations.retrieval.chunking import chunk_documents
 from tests.retrieval_fixtures import HashingEmbedder
-from tests.tiny import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.one_thread)
 
@@ -33,14 +32,6 @@ def document(seed: int, sentences: int = 14) -> str:
 def prompt(seed: int) -> str:
     """Head sentence, a body of sentences (the context C), question sentence."""
     return "lead a dig. " + document(seed) + " face a bad jab"
-
-
-@pytest.fixture(scope="module")
-def eager(tok):
-    """A tiny target (3 layers) whose attention transformers returns (eager): the oracle."""
-    model = tiny_llama(len(tok), seed=5, layers=3)
-    model.set_attn_implementation("eager")
-    return model
 
 
 def prefilled(model, ids: list[int]) -> DynamicCache:

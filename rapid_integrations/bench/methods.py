@@ -124,13 +124,17 @@ def measure_engine(
     probe: ForwardProbe,
     *,
     cold: bool = True,
+    draft_cold: bool = False,
     **overrides: Any,
 ) -> Measurement:
     """One `engine.generate` call of `method` (mode = method name; eta for rapid).
 
     cold: forget the engine's stored prompt KV first, so the call pays its whole prefill
     (side-by-side runs on one document must not inherit each other's prefill); False measures
-    reuse, as a user's next question on the same document would see it.
+    reuse, as a user's next question on the same document would see it. draft_cold: forget
+    the draft model's stored KV alone (a separate draft's), so that a call whose target reuses
+    the prompt an earlier method stored (and is charged its prefill) still pays the draft's
+    read of its C^S, which an earlier method with the same C^S may have stored.
     """
     if method.eta is not None:
         overrides["eta"] = method.eta
@@ -142,6 +146,8 @@ def measure_engine(
         draft_prompt = magicdec.streaming_ids(ids)
     if cold:
         engine.prefix_cache.clear()
+    elif draft_cold and engine.draft is not engine.target:
+        engine.prefix_cache.forget(engine.draft)
     device = engine.target.device
     probe.reset()
     reset_peak_memory(device)

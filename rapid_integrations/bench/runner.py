@@ -112,6 +112,7 @@ VARIANTS: dict[str, tuple[tuple[str, Any], ...]] = {
     "deterministic": (("deterministic", True),),
     "attention": (("retriever", "attention"),),
     "hybrid": (("retriever", "hybrid"),),
+    "following": (("retriever", "following"),),
     "grounded": (("eta_rule", "grounded"),),
 }
 """Named rapid variants (their `RapidConfig` overrides): `--long` runs the first four, and
@@ -122,8 +123,9 @@ measures what it adds (section 2.10). `draft-confidence` scales eta per row by t
 probability (section 2.3). `off-topic` retrieves fixed unrelated paragraphs instead of the
 document's (bench/off_topic.py): RAPID's accuracy with a useless C^S against lc's.
 `deterministic` prices batch-invariant decoding (docs/algorithm.md section 8) beside the
-default path; `attention` and `hybrid` build C^S from the target's cache (docs/retrieval.md,
-"The target's attention as the retriever") instead of the built-in embedder. `grounded` leans
+default path; `attention`, `hybrid` and `following` build C^S from the target's cache
+(docs/retrieval.md, "The target's attention as the retriever"; `following` chooses it again
+as the answer unfolds) instead of the built-in embedder. `grounded` leans
 only on rows whose draft token continues a run of C^S (docs/algorithm.md section 2.3)."""
 
 
@@ -855,7 +857,7 @@ class _Retrieved:
         for the task's own (the engine's default), and each retriever a method names (the
         `off-topic` variant). The draft prompt is passed explicitly, which the engine prefers
         to a `retriever` option, so a method must get the C^S of its own retriever here. A
-        retriever named by a string reads the target's cache ("attention", "hybrid"): the
+        retriever named by a string reads the target's cache ("attention", ...): the
         engine builds its C^S inside the call, after the target's prefill, so its time is the
         call's and its recall is not measured."""
         drafts: dict[ContextRetriever | str | None, _Retrieved] = {
@@ -891,6 +893,7 @@ def _measure(call: _Call, gguf: Path | None) -> Measurement:
             draft_prompt,
             call.suite.probe,
             cold=call.cold and call.turn == 1,
+            draft_cold=call.turn == 1,
             **overrides,
         )
     ids = encode_prompt(task.messages, engine.tokenizer, engine.vocab_size)

@@ -81,6 +81,7 @@ from rapid_integrations.tokens import Prompt, encode_prompt, is_chat, stop_token
 
 if TYPE_CHECKING:
     from rapid_integrations.engine.prompts import Builtin
+    from rapid_integrations.retrieval.faiss_retriever import FaissContextRetriever
     from rapid_integrations.structured_output.grammar import Grammar, GrammarCompiler
 
 _Y = TypeVar("_Y")
@@ -398,7 +399,7 @@ class RapidEngine:
         shaping = self._constraints(plan, plan.main, "the model")
         # A grammar ends on its stop tokens even under ignore_eos: nothing may follow it.
         eos = frozenset() if cfg.ignore_eos and not plan.grammar else self.eos_token_ids
-        proposer, draft_shaping = yield from self._proposer(plan, stats, gen, limit, eos)
+        proposer, draft_shaping, draft = yield from self._proposer(plan, stats, gen, limit, eos)
         decode_start = time.perf_counter()
         stats.prefill_seconds = decode_start - start
 
@@ -422,10 +423,13 @@ class RapidEngine:
             LogprobScorer(cfg, self._vocabulary_bytes()) if cfg.logprobs else None,
             seat or BatchSeat(),
             _grounding(plan),
+            draft,
         )
         finish: FinishReason | None = None
         while finish is None:
             finish = request.commit((yield from speculate(request)))
+            if finish is None and plan.following is not None:
+                yield from self._follow(request)
         stats.decode_seconds = time.perf_counter() - decode_start
         self.schedules.keep(key, schedule, fresh)
         return request.output(finish)
@@ -437,11 +441,11 @@ class RapidEngine:
         gen: torch.Generator,
         limit: int,
         eos: frozenset[int],
-    ) -> Forwards[tuple[Proposer | None, Constraints | None]]:
-        """The call's drafting strategy (None: the target alone) and the draft's constraints;
-        the draft's prefill passes are yielded (`_start`)."""
+    ) -> Forwards[tuple[Proposer | None, Constraints | None, KVState | None]]:
+        """The call's drafting strategy (None: the target alone), the draft's constraints and
+        its sequence; the draft's prefill passes are yielded (`_start`)."""
         if plan.draft_ids is None:
-            return None, None
+            return None, None, None
         cfg = plan.cfg
         assert stats.seed is not None  # `_plan` always draws one
         draft_at = logits_device(self.draft)
@@ -456,8 +460,32 @@ class RapidEngine:
         # would fall behind), so it drafts only for calls with nothing to shape.
         if cfg.lookup_ngram and shaping is None:
             lookup = LookupProposer(plan.draft_ids, plan.ids, cfg.lookup_ngram)
-            return LookupFirst(lookup, model), shaping
-        return model, shaping
+            return LookupFirst(lookup, model), shaping, draft
+        return model, shaping, draft
+
+    def _follow(self, request: Request) -> Forwards[None]:
+        """C^S after the answer's last tokens (`retrieval.following`, docs/algorithm.md
+        section 2.13), when due: if it changes, the draft's short context is rebuilt with it
+        and the draft reads it afresh, the answer so far included (its prefill passes
+        yielded); the target's cache is only read."""
+        following, draft, committed = request.plan.following, request.draft, request.sections.ids
+        if following is None or draft is None or not following.due(len(committed)):
+            return
+        target, ids = request.target, request.plan.ids
+        answered = target.cache.get_seq_length() - len(ids)
+        if not following.rescore(request.plan.main, target.cache, ids + committed, answered):
+            return
+        start = time.perf_counter()
+        draft_ids = following.redraft()
+        if draft_ids is not None:
+            left = request.limit - len(committed)
+            fresh = yield from self._start(
+                self.draft, draft_ids + committed, left, request.cfg, draft=True
+            )
+            draft.adopt(fresh)
+            if request.grounding:
+                request.grounding.read(draft_ids)
+        following.seconds += time.perf_counter() - start
 
     def _schedule(self, plan: Plan, stats: RapidStats) -> tuple[Hashable, GammaSchedule, bool]:
         """The call's gamma schedule, its key and whether it is fresh: where the last call at
@@ -547,9 +575,9 @@ class RapidEngine:
         retriever = options.retriever
         if retriever is ENGINE_RETRIEVER:
             retriever = self.retriever
-        # A retriever named "attention" / "hybrid" reads the target's cache, so the draft's
-        # prompt waits for the target's prefill (`_from_cache`); "rag" never runs the target
-        # and retrieves with the embedder.
+        # A retriever named in `CACHE_RETRIEVERS` ("attention", ...) reads the target's cache,
+        # so the draft's prompt waits for the target's prefill (`_from_cache`); "rag" never
+        # runs the target and retrieves with the embedder.
         from_cache = _cache_retriever(retriever)
         if from_cache is not None:
             retriever = None
@@ -658,22 +686,42 @@ class RapidEngine:
     ) -> Plan:
         """`plan` with the draft's ids, once `target` holds the prompt: C^S scored by the
         target's attention (`retrieval.attention`, retriever `name`), budgeted and packed as
-        the embedder's is, then encoded and checked as `_plan` does for the embedder's."""
-        from rapid_integrations.retrieval.attention import cache_retriever_factory
-
-        builtin = cache_retriever_factory(name, plan.main, target.cache, plan.ids)
-        cfg = plan.cfg
-        draft_prompt, mode = self._retrieve(
-            prompt, plan.ids, None, query, cfg, stats, "rapid", builtin
+        the embedder's is, then encoded and checked as `_plan` does for the embedder's. Under
+        "following" the plan keeps the retriever, to choose C^S again as the answer unfolds."""
+        from rapid_integrations.retrieval.attention import (
+            AttentionRetriever,
+            cache_retriever_factory,
         )
-        draft_ids = None
-        if mode == "rapid":
+        from rapid_integrations.retrieval.following import Following
+
+        make = cache_retriever_factory(name, plan.main, target.cache, plan.ids)
+        made: list[FaissContextRetriever] = []
+
+        def builtin(*args: Any) -> FaissContextRetriever:
+            # Made once; a rebuild re-packs the same retriever under its new scores.
+            if not made:
+                made.append(make(*args))
+            return made[0]
+
+        def redraft() -> list[int] | None:
+            draft_prompt, mode = self._retrieve(
+                prompt, plan.ids, None, query, plan.cfg, stats, "rapid", builtin
+            )
+            if mode != "rapid":
+                return None
             draft_prompt, _ = self._with_tools(draft_prompt, tools)
-            draft_ids = self._fit(self._encode(draft_prompt, template), self.draft, cfg)
+            return self._fit(self._encode(draft_prompt, template), self.draft, plan.cfg)
+
+        draft_ids, cfg, following = redraft(), plan.cfg, None
+        if draft_ids is not None:
             cfg = _lean_only_with_retrieval(cfg, draft_ids, plan.ids, stats)
-        stats.mode = mode
+            if name == "following" and made and isinstance(made[0], AttentionRetriever):
+                following = Following(made[0], redraft)
+        stats.mode = "rapid" if draft_ids is not None else "lc"
         stats.draft_context_tokens = len(draft_ids or ())
-        return dataclasses.replace(plan, draft_ids=draft_ids, cfg=cfg, after_prefill=None)
+        return dataclasses.replace(
+            plan, draft_ids=draft_ids, cfg=cfg, after_prefill=None, following=following
+        )
 
     def _fit(self, ids: list[int], model: PreTrainedModel, cfg: RapidConfig) -> list[int]:
         """Enforce the model's window: raise, or keep head and tail under truncation='head_tail'."""

@@ -31,6 +31,7 @@ from rapid_integrations.structured_output.sections import Gate, Sections
 from rapid_integrations.structured_output.tools import Tools
 
 if TYPE_CHECKING:
+    from rapid_integrations.retrieval.following import Following
     from rapid_integrations.structured_output.grammar import Grammar
 
 
@@ -47,9 +48,13 @@ class Plan:
     grammar: Grammar | None = None
     tools: Tools | None = None
     gate: Gate | None = None  # the reasoning section (docs/algorithm.md section 13)
-    # C^S read from the target's cache (retriever "attention" / "hybrid"): the plan with the
-    # draft's ids, made from the target's state once its prefill is done; None: known now.
+    # C^S read from the target's cache (a retriever named in `CACHE_RETRIEVERS`): the plan
+    # with the draft's ids, made from the target's state once its prefill is done; None: known
+    # now.
     after_prefill: Callable[[KVState], Plan] | None = None
+    # C^S that follows the answer (retriever "following"): its chunks and scores, chosen
+    # again as the answer unfolds (`RapidEngine._follow`); None: C^S is fixed.
+    following: Following | None = None
 
 
 @dataclass
@@ -64,8 +69,10 @@ class Request:
     (docs/algorithm.md section 9; None: raw logits), `draft_constraints` the draft's; `scorer`
     scores each pass's committed tokens (section 12; None: no log probabilities). `seat` is the
     call's place in a batch, whose cap bounds gamma (section 14.2; alone, none); `grounding`
-    picks the rows the verdict leans on (`eta_rule="grounded"`, section 2.3; None: all). `start` is the
-    perf_counter second the call was made; `emit` gets each committed delta.
+    picks the rows the verdict leans on (`eta_rule="grounded"`, section 2.3; None: all);
+    `draft` is the draft's sequence, which a C^S that follows the answer rebuilds (section
+    2.13; None: no draft model). `start` is the perf_counter second the call was made; `emit`
+    gets each committed delta.
     """
 
     plan: Plan
@@ -85,6 +92,7 @@ class Request:
     scorer: LogprobScorer | None = None
     seat: BatchSeat = field(default_factory=BatchSeat)
     grounding: Grounding | None = None
+    draft: KVState | None = None
 
     def __post_init__(self) -> None:
         self.seat.schedule = self.schedule if self.proposer else None
@@ -161,6 +169,9 @@ class Request:
         stats.target_forward_seconds = self.target.forward_seconds
         shaping = (self.constraints, self.draft_constraints)
         stats.grammar_seconds = sum(c.seconds for c in shaping if c)
+        if self.plan.following:
+            stats.follow_updates = self.plan.following.updates
+            stats.follow_seconds = self.plan.following.seconds
         if proposer:
             counters = proposer.counters
             stats.draft_forward_passes = counters.forward_passes

@@ -47,13 +47,18 @@ class RapidStats:
     lean_skipped: the draft read the target's own prompt (nothing retrieved), so the call ran
     as eta 0 and `eta` says 0.0 (docs/algorithm.md section 1.1). grounded_rows: under
     `eta_rule="grounded"`, the committed tokens whose verify row leaned (the draft's top token
-    continued a run of C^S, section 2.3); 0 under the other rules.
+    continued a run of C^S, section 2.3); 0 under the other rules. follow_updates: under
+    `retriever="following"`, the times C^S changed as the answer unfolded and the draft's
+    short context was rebuilt; follow_seconds: the wall time of those scorings and rebuilds
+    (section 2.13), part of decode_seconds.
     """
 
     mode: str = "rapid"
     eta: float = 0.0
     lean_skipped: bool = False
     grounded_rows: int = 0
+    follow_updates: int = 0
+    follow_seconds: float = 0.0
     gamma: int = 0
     seed: int | None = None
     target_context_tokens: int = 0

@@ -34,7 +34,7 @@ from .packing import SEPARATOR
 if TYPE_CHECKING:
     from rapid_integrations.config import RapidConfig
 
-CACHE_RETRIEVERS = ("attention", "hybrid")
+CACHE_RETRIEVERS = ("attention", "hybrid", "following")
 """The retriever names that read the target's cache (C^S is built after its prefill)."""
 
 QUERY_TOKENS = 32
@@ -360,7 +360,7 @@ def cache_retriever_factory(
     name: str, model: Any, cache: Any, ids: Sequence[int]
 ) -> Callable[[list[str], TokenizerLike, RapidConfig, int], FaissContextRetriever]:
     """The built-in retriever `engine.prompts` makes over a prompt's documents for the
-    retriever `name` ("attention" or "hybrid"), reading `model`'s `cache` of `ids`."""
+    retriever `name` (one of `CACHE_RETRIEVERS`), reading `model`'s `cache` of `ids`."""
 
     def make(
         documents: list[str], tokenizer: TokenizerLike, config: RapidConfig, budget: int
@@ -378,7 +378,7 @@ def cache_retriever_factory(
             )
         except AttentionUnavailable:  # another architecture, or a truncated prompt
             return FaissContextRetriever.from_config(documents, tokenizer, config, budget)
-        if name == "attention":
+        if name != "hybrid":  # "following" starts from the attention's C^S
             return attention
         return HybridRetriever(
             attention,

@@ -100,12 +100,16 @@ class FaissContextRetriever:
         return trim_to_budget(self._merge(self.search(query)), self.tokenizer, self.budget)
 
     def search(self, query: str) -> list[ScoredChunk]:
-        """The chunks chosen for `query`, in document order.
+        """The chunks chosen for `query`, in document order (`chosen`)."""
+        scores = self.scores(query)
+        return [ScoredChunk(self.chunks[i], float(scores[i])) for i in self.chosen(scores)]
 
-        Chunks are taken by decreasing similarity, skipping those under `threshold`, up to
+    def chosen(self, scores: np.ndarray) -> list[int]:
+        """Indices of the chunks chosen by `scores` (shape (n_chunks,)), ascending.
+
+        Chunks are taken by decreasing score, skipping those under `threshold`, up to
         `top_k`, while their tokens (plus a separator each) fit the budget.
         """
-        scores = self.scores(query)
         limit = self.top_k or len(self.chunks)
         chosen: list[int] = []
         used = 0
@@ -116,7 +120,7 @@ class FaissContextRetriever:
             if used + cost <= self.budget:
                 chosen.append(int(i))
                 used += cost
-        return [ScoredChunk(self.chunks[i], float(scores[i])) for i in sorted(chosen)]
+        return sorted(chosen)
 
     def scores(self, query: str) -> np.ndarray:
         """Cosine similarity of `query` to each chunk (its best window), shape (n_chunks,)."""

@@ -402,6 +402,15 @@ class KVState:
         """Commit `tokens` ([k] int64 ids) as pending: they are read on the next `feed`."""
         self.pending = torch.cat([self.pending, tokens.to(self.pending.device)])
 
+    def adopt(self, other: KVState) -> None:
+        """Hold `other`'s sequence from now on (its cache and pending tokens, a sequence of
+        the same model prefilled afresh: a rebuilt short context), keeping this one's counts
+        of decode passes, so whoever holds this state reads the new sequence."""
+        if other.model is not self.model:
+            raise ValueError("a sequence adopts only a sequence of its own model")
+        self.cache, self.pending, self.decode = other.cache, other.pending, other.decode
+        self.reused_tokens, self.shared_tokens = other.reused_tokens, other.shared_tokens
+
 
 def held_bytes(states: Iterable[KVState]) -> int:
     """Bytes of the KV buffers `states` keep alive, each counted once however many of them

@@ -173,3 +173,9 @@ class PrefixCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+
+    def forget(self, model: torch.nn.Module) -> None:
+        """Drop the entries of `model`, keeping the other models'."""
+        with self._lock:
+            for key in [k for k, e in self._entries.items() if e.model() is model]:
+                del self._entries[key]

@@ -24,8 +24,13 @@ class Grounding:
 
     def __init__(self, context: list[int], sequence: list[int], order: int = ORDER) -> None:
         self._order = order
-        self._runs = {tuple(context[i : i + order]) for i in range(len(context) - order + 1)}
+        self.read(context)
         self._tail = sequence[-(order - 1) :]
+
+    def read(self, context: list[int]) -> None:
+        """The draft reads `context` (its ids) from now on: its runs replace the last's."""
+        order = self._order
+        self._runs = {tuple(context[i : i + order]) for i in range(len(context) - order + 1)}
 
     def rows(self, x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """Which of q's rows lean: x [gamma] the drafts, q [gamma or gamma + 1, V] their
