@@ -165,6 +165,7 @@ def test_eta0_greedy_is_the_targets_while_cs_follows_the_answer(
         assert out.stats.mode == "rapid"
         assert greedy_mismatches(target, tok.encode(text), out.token_ids, len(tok)) == []
         assert out.stats.follow_updates == len(checked) > 0
+        assert out.stats.draft_context_tokens == len(redrafts[-1][0])  # the last C^S's
         for ids in checked:
             draft_ids, texts = next((d, t) for d, t in redrafts if ids[: len(d)] == d)
             answered = ids[len(draft_ids) :]

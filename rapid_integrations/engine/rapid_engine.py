@@ -483,6 +483,7 @@ class RapidEngine:
                 self.draft, draft_ids + committed, left, request.cfg, draft=True
             )
             draft.adopt(fresh)
+            request.stats.draft_context_tokens = len(draft_ids)
             if request.grounding:
                 request.grounding.read(draft_ids)
         following.seconds += time.perf_counter() - start

@@ -49,8 +49,9 @@ class RapidStats:
     `eta_rule="grounded"`, the committed tokens whose verify row leaned (the draft's top token
     continued a run of C^S, section 2.3); 0 under the other rules. follow_updates: under
     `retriever="following"`, the times C^S changed as the answer unfolded and the draft's
-    short context was rebuilt; follow_seconds: the wall time of those scorings and rebuilds
-    (section 2.13), part of decode_seconds.
+    short context was rebuilt (retrieved_tokens and draft_context_tokens then describe the
+    last C^S); follow_seconds: the wall time of those scorings and rebuilds (section 2.13),
+    part of decode_seconds.
     """
 
     mode: str = "rapid"
