@@ -9,7 +9,8 @@ chunks, so a chunk the answer turns to can overtake one only the question wanted
 best chunk outside C^S scores over `FOLLOW_MARGIN` times the weakest inside, C^S is chosen
 again by the new scores (same budget and packing as the first) and the engine rebuilds the
 draft's short context with it (`RapidEngine._follow`). The target's cache is read, never
-written: the target's output is what it was under any C^S.
+written: a new C^S changes only the draft's q, as any C^S does, so eta = 0 greedy output stays
+the target's own.
 """
 
 from __future__ import annotations
