@@ -446,21 +446,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_grounded_lean.py",),
     ),
     Mutant(
-        "following-head-off-by-one",
-        "retriever following: the answer's mass is read from the head after each probed one",
-        FOLLOWING,
-        "span_mass(mass_by_position(attention, retriever.heads), retriever.spans)",
-        "span_mass(mass_by_position(attention, [(a, (h + 1) % 4) for a, h in retriever.heads]),"
-        " retriever.spans)",
+        "cache-scores-head-off-by-one",
+        "retrievers attention and following: a chunk's mass is read from the head after each"
+        " probed one",
+        "rapid_integrations/retrieval/attention.py",
+        "return span_mass(mass_by_position(attention, self.heads), self.spans)",
+        "return span_mass(mass_by_position(attention, [(a, (h + 1) % 4) for a, h in self.heads]),"
+        " self.spans)",
         (FOLLOWING_TESTS,),
     ),
     Mutant(
-        "following-chunk-boundaries",
-        "retriever following: each chunk's answer mass summed one token late",
-        FOLLOWING,
-        "span_mass(mass_by_position(attention, retriever.heads), retriever.spans)",
-        "span_mass(mass_by_position(attention, retriever.heads),"
-        " [(a + 1, b + 1) for a, b in retriever.spans])",
+        "cache-scores-chunk-boundaries",
+        "retrievers attention and following: each chunk's mass summed one token late",
+        "rapid_integrations/retrieval/attention.py",
+        "return span_mass(mass_by_position(attention, self.heads), self.spans)",
+        "return span_mass(mass_by_position(attention, self.heads),"
+        " [(a + 1, b + 1) for a, b in self.spans])",
         (FOLLOWING_TESTS,),
     ),
     Mutant(

@@ -318,10 +318,14 @@ class AttentionRetriever(FaissContextRetriever):
         self.spans = token_spans(self.documents, self.chunks, ids, tokenizer)
         after = max((end for _, end in self.spans), default=0)
         queries = max(1, min(QUERY_TOKENS, cache.get_seq_length() - after))
+        self.attention_scores = self.chunk_mass(model, cache, ids, queries)
+
+    def chunk_mass(self, model: Any, cache: Any, ids: Sequence[int], queries: int) -> np.ndarray:
+        """Attention mass the last `queries` cached tokens put on each chunk, summed over
+        `heads`: shape (n_chunks,), float64. model, cache, ids: as `question_attention`."""
         layers = sorted({layer for layer, _ in self.heads})
-        with torch.inference_mode():
-            attention = question_attention(model, cache, ids, layers, queries)
-        self.attention_scores = span_mass(mass_by_position(attention, self.heads), self.spans)
+        attention = question_attention(model, cache, ids, layers, queries)
+        return span_mass(mass_by_position(attention, self.heads), self.spans)
 
     def scores(self, query: str) -> np.ndarray:
         """Attention mass on each chunk, shape (n_chunks,) (`query` unused: see the class)."""

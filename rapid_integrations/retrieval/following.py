@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .attention import AttentionRetriever, mass_by_position, question_attention, span_mass
+from .attention import AttentionRetriever
 
 FOLLOW_TOKENS = 16
 """Committed tokens between two scorings, and the answer tokens each scoring reads."""
@@ -98,9 +98,7 @@ def chunk_shares(
     """Each chunk's share of the attention mass that the last `queries` cached tokens put on
     the chunks, from `retriever`'s heads over its spans: shape (n_chunks,), summing to 1 (all
     0 if none). model, cache, ids: as `attention.question_attention`."""
-    layers = sorted({layer for layer, _ in retriever.heads})
-    attention = question_attention(model, cache, ids, layers, queries)
-    return _shares(span_mass(mass_by_position(attention, retriever.heads), retriever.spans))
+    return _shares(retriever.chunk_mass(model, cache, ids, queries))
 
 
 def _shares(scores: np.ndarray) -> np.ndarray:
