@@ -416,7 +416,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "lean-without-retrieval",
         "a draft that read the target's own prompt still leans p_hat toward its rounding",
-        "rapid_integrations/engine/rapid_engine.py",
+        "rapid_integrations/engine/planning.py",
         "if draft_ids != ids or cfg.eta == 0.0:",
         "if draft_ids == ids or cfg.eta == 0.0:",
         ("tests/test_no_lean.py",),

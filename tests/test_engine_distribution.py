@@ -17,7 +17,7 @@ import torch
 from scipy.stats import chisquare
 
 from rapid_integrations import BatchRunner, RapidConfig, RapidEngine
-from rapid_integrations.engine import rapid_engine as engine_module
+from rapid_integrations.engine import planning
 from rapid_integrations.runtime.kv import KVState, direct
 from rapid_integrations.spec_decode.drafting import ModelProposer
 from tests import oracle
@@ -152,7 +152,7 @@ def test_unseeded_calls_capped_in_a_busy_batch_follow_the_oracle(
     draws for unseeded calls come from a fixed sequence here, so the test is deterministic."""
     seeds = itertools.count(10_000)
     fixed = SimpleNamespace(randrange=lambda _n: next(seeds))
-    monkeypatch.setattr(engine_module, "random", SimpleNamespace(SystemRandom=lambda: fixed))
+    monkeypatch.setattr(planning, "random", SimpleNamespace(SystemRandom=lambda: fixed))
     call = (FAR_PROMPT, FAR_DRAFT_PROMPT, {**FAR_OPTIONS, "ignore_eos": True})
     emitted = []
     for _ in range(N // BATCH):

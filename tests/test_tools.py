@@ -401,7 +401,9 @@ def test_a_template_that_renders_tools_gets_them(ttok, ttarget):
     assert extra["tools"][0]["function"]["name"] == "get_weather"
     assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "rome", "days": 2}
     engine = RapidEngine(ttarget, tokenizer=tok, config=RapidConfig(max_new_tokens=4))
-    rendered = tok.decode(engine._encode(*engine._with_tools(HISTORY, Tools.parse(TOOLS))))
+    rendered = tok.decode(
+        engine.planner.encode(*engine.planner.with_tools(HISTORY, Tools.parse(TOOLS)))
+    )
     assert rendered.startswith("<system>get_weather add </s>") and "get_weatherrome" in rendered
 
 
@@ -418,7 +420,7 @@ def test_the_draft_prompt_keeps_the_tool_system_message(engine, ttok):
     assert draft[0] == messages[0] and len(ttok.encode(draft[0]["content"])) > 64
     assert len(draft[-1]["content"]) < len(chat[0]["content"]) / 4
     out = engine.generate(chat, tools=TOOLS, retrieval_budget=64, max_new_tokens=2)
-    assert out.stats.draft_context_tokens == len(engine._encode(draft, {}))
+    assert out.stats.draft_context_tokens == len(engine.planner.encode(draft, {}))
 
 
 # ---- the content filter ----------------------------------------------------------------------

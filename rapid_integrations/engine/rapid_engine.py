@@ -12,9 +12,7 @@ settle). Modes reuse the same loop:
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import random
 import time
 import traceback
 from collections.abc import Callable, Generator, Hashable, Mapping
@@ -24,16 +22,15 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rapid_integrations.config import (
-    DRAWN_SEEDS,
     Mode,
     RapidConfig,
 )
 from rapid_integrations.engine.args import LOADING_FIELDS, EngineArgs
-from rapid_integrations.engine.call_options import ENGINE_RETRIEVER, CallOptions
+from rapid_integrations.engine.call_options import CallOptions
+from rapid_integrations.engine.planning import Planner, cache_retriever
 from rapid_integrations.engine.request import Plan, Request
 from rapid_integrations.engine.step import speculate
 from rapid_integrations.errors import (
-    ContextWindowExceededError,
     DeviceOutOfMemoryError,
     GrammarError,
     RapidConfigError,
@@ -75,13 +72,11 @@ from rapid_integrations.spec_decode.drafting import (
 from rapid_integrations.spec_decode.schedule import GammaSchedule
 from rapid_integrations.spec_decode.schedule_memory import ScheduleMemory, schedule_key
 from rapid_integrations.structured_output.constraints import Constraints
-from rapid_integrations.structured_output.sections import Gate, Sections
-from rapid_integrations.structured_output.tools import Tools, prepare_messages
-from rapid_integrations.tokens import Prompt, encode_prompt, is_chat, stop_token_ids
+from rapid_integrations.structured_output.sections import Sections
+from rapid_integrations.structured_output.tools import Tools
+from rapid_integrations.tokens import Prompt, encode_prompt, stop_token_ids
 
 if TYPE_CHECKING:
-    from rapid_integrations.engine.prompts import Builtin
-    from rapid_integrations.retrieval.faiss_retriever import FaissContextRetriever
     from rapid_integrations.structured_output.grammar import Grammar, GrammarCompiler
 
 _Y = TypeVar("_Y")
@@ -171,7 +166,7 @@ class RapidEngine:
             compile_draft,
         )
         self.config, options, draft_options = args.check(config)
-        _cache_retriever(retriever)  # an unknown retriever name, before any weights load
+        cache_retriever(retriever)  # an unknown retriever name, before any weights load
         self_draft = args.self_draft
         configure_torch_threads()  # then followed as the load changes (threads.py)
         if tokenizer_kwargs and not (
@@ -218,6 +213,9 @@ class RapidEngine:
         # that every call on this engine reads the same copies for the same text.
         self.draft_token_price = token_price(self.draft, self.vocab_size, self.draft_decode)
         self.retriever = retriever
+        self.planner = Planner(
+            self.tokenizer, self.target, self.draft, self.vocab_size, self._grammar
+        )
         self.prefix_cache = PrefixCache()
         self.schedules = ScheduleMemory()
         configs = {
@@ -392,7 +390,7 @@ class RapidEngine:
         gen = torch.Generator(logits_device(plan.main)).manual_seed(stats.seed)
         limit = min(cfg.max_new_tokens, plan.window - len(plan.ids))
         target = yield from self._start(plan.main, plan.ids, limit, cfg)
-        if plan.after_prefill is not None:  # C^S from the target's cache (`_from_cache`)
+        if plan.after_prefill is not None:  # C^S from the target's cache (`Planner._from_cache`)
             plan = plan.after_prefill(target)
             cfg = plan.cfg
         stats.cached_prefix_tokens = target.reused_tokens
@@ -571,170 +569,8 @@ class RapidEngine:
         )
 
     def _plan(self, prompt: Prompt, options: CallOptions) -> tuple[Plan, RapidStats]:
-        """Validate the call, encode both prompts, and choose who decodes what."""
-        mode, draft_prompt = options.mode, options.draft_prompt
-        retriever = options.retriever
-        if retriever is ENGINE_RETRIEVER:
-            retriever = self.retriever
-        # A retriever named in `CACHE_RETRIEVERS` ("attention", ...) reads the target's cache,
-        # so the draft's prompt waits for the target's prefill (`_from_cache`); "rag" never
-        # runs the target and retrieves with the embedder.
-        from_cache = _cache_retriever(retriever)
-        if from_cache is not None:
-            retriever = None
-        tools = Tools.parse(options.tools, options.tool_choice, options.parallel_tool_calls)
-        grammar = self._grammar(options.grammar, tools)
-        cfg = self.config.replace(**options.config)
-        if mode == "sd":
-            cfg = cfg.replace(eta=0.0)
-        seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(DRAWN_SEEDS)
-        stats = RapidStats(mode=mode, eta=cfg.eta, gamma=cfg.gamma, seed=seed)
-        plain, _ = self._with_tools(prompt, None)  # calls and results rendered, no specs
-        prompt, template = self._with_tools(prompt, tools)
-        ids = self._fit(self._encode(prompt, template), self.target, cfg)
-        short = isinstance(cfg.speculate_min_context, int) and len(ids) < cfg.speculate_min_context
-        if mode in ("rapid", "sd") and short:
-            mode = "lc"  # too short for speculation to pay off (docs/algorithm.md section 2.9)
-        deferred = from_cache is not None and mode == "rapid" and draft_prompt is None
-        if mode in ("rapid", "rag") and draft_prompt is None and not deferred:
-            # Retrieved before the tool specs join the system message: they are instructions
-            # the draft reads whole, never context to cut (docs/algorithm.md section 11).
-            draft_prompt, mode = self._retrieve(
-                plain, ids, retriever, options.query, cfg, stats, mode
-            )
-        if draft_prompt is not None:
-            draft_prompt, _ = self._with_tools(draft_prompt, tools)
-        draft_ids = None
-        if mode in ("rapid", "rag") and not deferred:
-            # The draft reads the same tool specs (docs/algorithm.md section 11): they join
-            # its retrieved prompt above, and the template gets the same arguments.
-            assert draft_prompt is not None  # given, or retrieved above
-            draft_ids = self._fit(self._encode(draft_prompt, template), self.draft, cfg)
-        elif mode == "sd":
-            draft_ids = self._fit(ids, self.draft, cfg)
-        if mode == "rapid":
-            cfg = _lean_only_with_retrieval(cfg, draft_ids, ids, stats)
-        stats.mode = mode
-        stats.target_context_tokens = len(ids)
-        stats.draft_context_tokens = len(draft_ids or ())
-        if mode == "rag":
-            assert draft_ids is not None  # encoded above for "rag"
-            main, main_ids, draft_ids = self.draft, draft_ids, None
-        else:
-            main, main_ids = self.target, ids
-        gate = Gate.for_call(self.tokenizer, cfg, main_ids)
-        window = config_window(main.config)
-        plan = Plan(main, main_ids, window, draft_ids, cfg, grammar, tools, gate)
-        if deferred:
-            assert from_cache is not None  # deferred only for a named cache retriever
-            name, query = from_cache, options.query
-
-            def after_prefill(target: KVState) -> Plan:
-                return self._from_cache(name, plain, tools, template, query, stats, plan, target)
-
-            plan = dataclasses.replace(plan, after_prefill=after_prefill)
-        return plan, stats
-
-    def _with_tools(self, prompt: Prompt, tools: Tools | None) -> tuple[Prompt, dict[str, Any]]:
-        """Chat messages with tools, calls and results rendered for the chat template, and the
-        template's extra arguments (`tools.prepare_messages`); other prompts pass through."""
-        if is_chat(prompt):
-            return prepare_messages(prompt, tools, self.tokenizer)
-        if tools is not None:
-            raise RapidInputError("tools= needs a chat prompt (a list of role/content messages)")
-        return prompt, {}
-
-    def _encode(self, prompt: Prompt, template: dict[str, Any]) -> list[int]:
-        return encode_prompt(prompt, self.tokenizer, self.vocab_size, template)
-
-    def _retrieve(
-        self,
-        prompt: Prompt,
-        ids: list[int],
-        retriever: Any,
-        query: str | None,
-        cfg: RapidConfig,
-        stats: RapidStats,
-        mode: Mode,
-        builtin: Builtin | None = None,
-    ) -> tuple[Prompt, Mode]:
-        """Build the draft prompt by retrieval; returns it and the mode to run (lc on fallback).
-        `builtin`: what retrieves from the prompt's own middle (None: the embedder)."""
-        from rapid_integrations.engine.prompts import prepare_draft_prompt
-
-        source = (
-            prompt
-            if isinstance(prompt, str) or is_chat(prompt)
-            else cast(str, self.tokenizer.decode(ids))  # one flat id list: one string
-        )
-        built = prepare_draft_prompt(
-            source, self.tokenizer, retriever=retriever, query=query, config=cfg, builtin=builtin
-        )
-        stats.retrieved_tokens = built.retrieved_tokens
-        stats.retrieval_fallback = built.fallback
-        return built.prompt, ("lc" if built.target_only else mode)
-
-    def _from_cache(
-        self,
-        name: str,
-        prompt: Prompt,
-        tools: Tools | None,
-        template: dict[str, Any],
-        query: str | None,
-        stats: RapidStats,
-        plan: Plan,
-        target: KVState,
-    ) -> Plan:
-        """`plan` with the draft's ids, once `target` holds the prompt: C^S scored by the
-        target's attention (`retrieval.attention`, retriever `name`), budgeted and packed as
-        the embedder's is, then encoded and checked as `_plan` does for the embedder's. Under
-        "following" the plan keeps the retriever, to choose C^S again as the answer unfolds."""
-        from rapid_integrations.retrieval.attention import (
-            AttentionRetriever,
-            cache_retriever_factory,
-        )
-        from rapid_integrations.retrieval.following import Following
-
-        make = cache_retriever_factory(name, plan.main, target.cache, plan.ids)
-        made: list[FaissContextRetriever] = []
-
-        def builtin(*args: Any) -> FaissContextRetriever:
-            # Made once; a rebuild re-packs the same retriever under its new scores.
-            if not made:
-                made.append(make(*args))
-            return made[0]
-
-        def redraft() -> list[int] | None:
-            draft_prompt, mode = self._retrieve(
-                prompt, plan.ids, None, query, plan.cfg, stats, "rapid", builtin
-            )
-            if mode != "rapid":
-                return None
-            draft_prompt, _ = self._with_tools(draft_prompt, tools)
-            return self._fit(self._encode(draft_prompt, template), self.draft, plan.cfg)
-
-        draft_ids, cfg, following = redraft(), plan.cfg, None
-        if draft_ids is not None:
-            cfg = _lean_only_with_retrieval(cfg, draft_ids, plan.ids, stats)
-            if name == "following" and made and isinstance(made[0], AttentionRetriever):
-                following = Following(made[0], redraft)
-        stats.mode = "rapid" if draft_ids is not None else "lc"
-        stats.draft_context_tokens = len(draft_ids or ())
-        return dataclasses.replace(
-            plan, draft_ids=draft_ids, cfg=cfg, after_prefill=None, following=following
-        )
-
-    def _fit(self, ids: list[int], model: PreTrainedModel, cfg: RapidConfig) -> list[int]:
-        """Enforce the model's window: raise, or keep head and tail under truncation='head_tail'."""
-        window = config_window(model.config)
-        if len(ids) < window:
-            return ids
-        if cfg.truncation == "error":
-            which = "target" if model is self.target else "draft"
-            raise ContextWindowExceededError(len(ids), window, which)
-        keep = window - min(cfg.max_new_tokens, window // 4)
-        head = keep // 4
-        return ids[:head] + ids[len(ids) - (keep - head) :]
+        """The call planned on this engine's models, config and retriever (`planning.Planner`)."""
+        return self.planner.plan(prompt, options, self.config, self.retriever)
 
 
 def _grounding(plan: Plan) -> Grounding | None:
@@ -744,34 +580,6 @@ def _grounding(plan: Plan) -> Grounding | None:
     if cfg.eta_rule != "grounded" or cfg.eta == 0 or plan.draft_ids is None:
         return None
     return Grounding(plan.draft_ids, plan.ids)
-
-
-def _lean_only_with_retrieval(
-    cfg: RapidConfig, draft_ids: list[int] | None, ids: list[int], stats: RapidStats
-) -> RapidConfig:
-    """A rapid call's config: eta 0 when the draft reads the target's own prompt, token for
-    token. q then knows nothing p does not, so a lean toward it would carry only the draft
-    copy's rounding (docs/algorithm.md section 1.1); `stats` say so."""
-    if draft_ids != ids or cfg.eta == 0.0:
-        return cfg
-    stats.eta, stats.lean_skipped = 0.0, True
-    return cfg.replace(eta=0.0)
-
-
-def _cache_retriever(retriever: Any) -> str | None:
-    """The name of a retriever that reads the target's cache, None for any other retriever;
-    an unknown name raises `RapidConfigError`."""
-    if not isinstance(retriever, str):
-        return None
-    from rapid_integrations.retrieval.attention import CACHE_RETRIEVERS
-
-    if retriever not in CACHE_RETRIEVERS:
-        raise RapidConfigError(
-            "retriever",
-            f"unknown retriever {retriever!r}: name one of {', '.join(CACHE_RETRIEVERS)}, "
-            "or pass an object with retrieve(query) -> list[str], or None for the embedder",
-        )
-    return retriever
 
 
 def _is_out_of_memory(exc: Exception) -> bool:
