@@ -198,6 +198,16 @@ def _generation_options(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_options(p: argparse.ArgumentParser) -> None:
+    """`rapid bench`'s options, in the groups its --help lists."""
+    _preset_options(p.add_argument_group("presets"))
+    _task_options(p.add_argument_group("tasks"))
+    _method_options(p.add_argument_group("methods and models"))
+    _speed_options(p.add_argument_group("speed-only runs"))
+    _only_options(p)
+    _common_options(p)
+
+
+def _preset_options(p: argparse._ArgumentGroup) -> None:
     presets = p.add_mutually_exclusive_group()
     presets.add_argument(
         "--quick",
@@ -230,6 +240,9 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gammas", type=_ints, help="--long: fixed gammas rapid also runs at")
     p.add_argument("--chunk-sizes", type=_ints, help="--prefill: chunk sizes tried")
     p.add_argument("--out", type=Path, help="output folder (default bench-out)")
+
+
+def _task_options(p: argparse._ArgumentGroup) -> None:
     p.add_argument("--lengths", type=_ints, help="context lengths, e.g. 2048,4096,8192")
     p.add_argument(
         "--suite",
@@ -251,6 +264,10 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         type=int,
         help="tasks per kind and length (--suite broad: per text and question kind)",
     )
+    p.add_argument("--max-new-tokens", type=int, help="answer cap of QA runs")
+
+
+def _method_options(p: argparse._ArgumentGroup) -> None:
     p.add_argument(
         "--methods",
         type=_words,
@@ -281,7 +298,15 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         help="run the draft's decode passes through torch.compile (docs/performance.md, "
         "A compiled draft)",
     )
-    p.add_argument("--max-new-tokens", type=int, help="answer cap of QA runs")
+    p.add_argument(
+        "--tiny-models",
+        action="store_true",
+        default=None,
+        help="run the QA and speed suites on tiny random models (a smoke run)",
+    )
+
+
+def _speed_options(p: argparse._ArgumentGroup) -> None:
     p.add_argument("--speed-tokens", type=int, help="tokens decoded by speed-only runs")
     p.add_argument(
         "--rounds",
@@ -302,12 +327,9 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="skip the upward/downward runs with tiny random models",
     )
-    p.add_argument(
-        "--tiny-models",
-        action="store_true",
-        default=None,
-        help="run the QA and speed suites on tiny random models (a smoke run)",
-    )
+
+
+def _only_options(p: argparse.ArgumentParser) -> None:
     only = p.add_mutually_exclusive_group()
     only.add_argument(
         "--constrained",
@@ -325,7 +347,6 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only decode speed of lc, rapid beside one busy process (fixed vs managed threads)",
     )
-    _common_options(p)
 
 
 def _words(text: str) -> tuple[str, ...]:
