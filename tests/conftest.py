@@ -13,6 +13,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # two threads on two cores collapse: torch's OpenMP threads busy-wait for each other.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # A test that asks for two threads (tests/test_deterministic.py) shares the cores with the
+    # other worker: its OpenMP threads spinning for a descheduled peer cost it half its time
+    # (the SmolLM2 observatory test beside one busy process: 65.6 s, passive 33.7 s).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 import torch
@@ -166,11 +170,29 @@ def smol():
 
 
 @pytest.fixture(scope="session")
+def smol_bf16():
+    """(model, tokenizer) of the embedded SmolLM2-135M-Instruct in bf16, the dtype the engine
+    loads it in by default on this CPU (a 2K-token prefill on one thread: a third of fp32's)."""
+    from rapid_integrations.models.loading import load_default
+
+    return load_default(dtype="bfloat16")
+
+
+@pytest.fixture(scope="session")
 def smol_engine(smol):
     from rapid_integrations import RapidEngine
 
     model, tokenizer = smol
     return RapidEngine(model, tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="session")
+def default_engine():
+    """The engine `RapidEngine.from_default()` builds, as a user gets it: SmolLM2 in the
+    machine's default dtype (bf16 here) with the default draft (its int4 copy)."""
+    from rapid_integrations import RapidEngine
+
+    return RapidEngine.from_default()
 
 
 @pytest.fixture(scope="session")

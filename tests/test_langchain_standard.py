@@ -109,8 +109,8 @@ class TestChatRapidIntegration(NotOffered, ChatModelIntegrationTests):
     engine: RapidEngine
 
     @pytest.fixture(autouse=True)
-    def _share_engine(self, smol_engine: RapidEngine) -> None:
-        self.engine = smol_engine
+    def _share_engine(self, default_engine: RapidEngine) -> None:
+        self.engine = default_engine
 
     @property
     def chat_model_class(self) -> type[ChatRapid]:

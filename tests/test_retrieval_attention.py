@@ -177,13 +177,14 @@ NEEDLE = "The night porter at the Grand Hotel keeps a parrot named Captain Ochre
 
 
 @pytest.mark.slow
-def test_smol_attention_puts_the_needle_into_cs(smol):
+def test_smol_attention_puts_the_needle_into_cs(smol_bf16):
     """A fact planted at five depths of a 2K-token document of Python's own docstrings (text
-    unlike the probe's): the attention retriever's C^S holds it each time."""
+    unlike the probe's): the attention retriever's C^S holds it each time, on the model in the
+    engine's default dtype."""
     from rapid_integrations.bench.haystack import stdlib_paragraphs
     from rapid_integrations.engine.prompts import prepare_draft_prompt
 
-    model, tokenizer = smol
+    model, tokenizer = smol_bf16
     paragraphs: list[str] = []
     for paragraph in stdlib_paragraphs():
         paragraphs.append(paragraph)
