@@ -1,5 +1,5 @@
 """Fixtures of the LlamaIndex tests: the bundled MiniLM as a LlamaIndex embedding, and one
-`RapidLLM` over the session's SmolLM2 engine.
+`RapidLLM` over the session's default SmolLM2 engine.
 
 Test modules load them with ``pytest_plugins = ["tests.llamaindex_fixtures"]`` (and take the
 document and its question from `tests.llamaindex_data`, so this module is imported only once,
@@ -32,8 +32,8 @@ def embed_model() -> HuggingFaceEmbedding:
 
 
 @pytest.fixture(scope="session")
-def rapid_llm(smol_engine: RapidEngine) -> RapidLLM:
-    """A RapidLLM sharing the session's SmolLM2 engine (self-speculation)."""
+def rapid_llm(default_engine: RapidEngine) -> RapidLLM:
+    """A RapidLLM sharing the engine `RapidEngine.from_default()` builds (bf16 SmolLM2, its int4 copy drafting)."""
     from llamaindex_rapid import RapidLLM
 
-    return RapidLLM(engine=smol_engine, generate_kwargs=GENERATE)
+    return RapidLLM(engine=default_engine, generate_kwargs=GENERATE)

@@ -36,7 +36,7 @@ def _query(index: VectorStoreIndex, llm: RapidLLM) -> tuple[str, dict[str, Any]]
 
 @pytest.mark.slow
 def test_compact_query_engine_rapid_versus_target_alone(
-    smol_engine: RapidEngine, embed_model: Any
+    default_engine: RapidEngine, embed_model: Any
 ) -> None:
     index = VectorStoreIndex.from_documents(
         [Document(text=long_document())],
@@ -47,7 +47,7 @@ def test_compact_query_engine_rapid_versus_target_alone(
     runs = {
         mode: _query(
             index,
-            RapidLLM(engine=smol_engine, retriever=adapter, mode=mode, generate_kwargs=GENERATE),
+            RapidLLM(engine=default_engine, retriever=adapter, mode=mode, generate_kwargs=GENERATE),
         )
         for mode in ("rapid", "lc")
     }

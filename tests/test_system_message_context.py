@@ -81,14 +81,14 @@ def chat_index(embed_model: Any) -> VectorStoreIndex:
 
 @pytest.mark.slow
 def test_condense_plus_context_feeds_the_draft_from_the_adapter(
-    smol_engine: RapidEngine,
+    default_engine: RapidEngine,
     embed_model: Any,
     chat_index: VectorStoreIndex,
     stats: list[dict[str, Any]],
 ) -> None:
     adapter = _Recording(_index(embed_model, 128), similarity_top_k=2)
     adapter.queries = []
-    llm = RapidLLM(engine=smol_engine, retriever=adapter, generate_kwargs=GENERATE)
+    llm = RapidLLM(engine=default_engine, retriever=adapter, generate_kwargs=GENERATE)
     chat = chat_index.as_chat_engine(chat_mode="condense_plus_context", llm=llm, similarity_top_k=6)
     assert ANSWER in str(chat.chat(QUESTION))
     assert adapter.queries == [QUESTION]
@@ -109,7 +109,7 @@ def test_context_chat_engine_retrieves_from_its_system_message(
 
 @pytest.mark.slow
 def test_langchain_prompt_with_the_document_in_the_system_message(
-    smol_engine: RapidEngine,
+    default_engine: RapidEngine,
 ) -> None:
     from langchain_core.prompts import ChatPromptTemplate
 
@@ -121,7 +121,7 @@ def test_langchain_prompt_with_the_document_in_the_system_message(
             ("human", "{question}"),
         ]
     )
-    chat = ChatRapid(engine=smol_engine, temperature=0.0, max_tokens=24)
+    chat = ChatRapid(engine=default_engine, temperature=0.0, max_tokens=24)
     reply = (prompt | chat).invoke({"document": long_document(), "question": QUESTION})
     assert ANSWER in reply.content
     _short_draft(reply.response_metadata["rapid_stats"])
