@@ -33,7 +33,8 @@ def embed_model() -> HuggingFaceEmbedding:
 
 @pytest.fixture(scope="session")
 def rapid_llm(default_engine: RapidEngine) -> RapidLLM:
-    """A RapidLLM sharing the engine `RapidEngine.from_default()` builds (bf16 SmolLM2, its int4 copy drafting)."""
+    """A RapidLLM sharing the engine `RapidEngine.from_default()` builds (bf16 SmolLM2, its
+    int4 copy drafting)."""
     from llamaindex_rapid import RapidLLM
 
     return RapidLLM(engine=default_engine, generate_kwargs=GENERATE)
