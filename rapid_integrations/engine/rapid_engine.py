@@ -38,6 +38,7 @@ from rapid_integrations.errors import (
     VocabularyMismatchError,
 )
 from rapid_integrations.models.loading import (
+    LoadOptions,
     config_window,
     draft_precision_for,
     load_default,
@@ -167,43 +168,9 @@ class RapidEngine:
         )
         self.config, options, draft_options = args.check(config)
         cache_retriever(retriever)  # an unknown retriever name, before any weights load
-        self_draft = args.self_draft
         configure_torch_threads()  # then followed as the load changes (threads.py)
-        if tokenizer_kwargs and not (
-            tokenizer is None
-            or any(isinstance(t, (str, os.PathLike)) for t in (tokenizer, draft_tokenizer))
-        ):
-            raise RapidConfigError(
-                "tokenizer_kwargs", "apply when a tokenizer is loaded, not to tokenizer objects"
-            )
-        tokenizer = load_tokenizer(tokenizer, tokenizer_kwargs)
-        draft_tokenizer = load_tokenizer(draft_tokenizer, tokenizer_kwargs, "draft_tokenizer")
-
-        self.target, loaded_tok = load_model(target, options)
-        self.target_precision = target_precision_for(target_precision or "auto")
-        if self.target_precision != "none":
-            self.target = lower_precision_copy(
-                self.target, self.target_precision, "target_precision"
-            )
-        found = tokenizer or loaded_tok
-        if found is None:
-            raise RapidInputError("no tokenizer found for the target model; pass tokenizer=")
-        self.tokenizer: PreTrainedTokenizerBase = found
-        if self_draft:
-            self.draft, draft_tok = self.target, None
-        else:
-            self.draft, draft_tok = load_model(draft, draft_options)
-        # The copy the draft runs as ("none": as loaded), what "auto" chose included; a
-        # self-draft of a lower-precision target shares that copy ("auto" is "none" there).
-        self.draft_precision = draft_precision_for(
-            self.draft, draft_precision or "auto", self_draft and self.target_precision == "none"
-        )
-        if self.draft_precision != "none":
-            self.draft = lower_precision_copy(self.draft, self.draft_precision)
-        check_cache_layout(self.target, "target")
-        check_cache_layout(self.draft, "draft")
-        for model in {id(m): m for m in (self.target, self.draft)}.values():
-            use_rapid_attention(model)
+        tokenizer, draft_tokenizer = _load_tokenizers(tokenizer, draft_tokenizer, tokenizer_kwargs)
+        draft_tok = self._load_models(args, options, draft_options, tokenizer)
         self.vocab_size = _shared_vocab(
             self.tokenizer, self.target, self.draft, draft_tokenizer or draft_tok
         )
@@ -224,6 +191,46 @@ class RapidEngine:
         self.eos_token_ids = stop_token_ids(self.tokenizer, configs.values())
         self._grammar_compiler: GrammarCompiler | None = None
         self._token_bytes: list[bytes] | None = None
+
+    def _load_models(
+        self,
+        args: EngineArgs,
+        options: LoadOptions,
+        draft_options: LoadOptions,
+        tokenizer: PreTrainedTokenizerBase | None,
+    ) -> PreTrainedTokenizerBase | None:
+        """Load the target and the draft with their checked options, make the lower-precision
+        copies asked for, and switch both to the engine's attention; sets `target`, `draft`,
+        `tokenizer` and the precisions chosen. Returns the tokenizer found beside the draft."""
+        self.target, loaded_tok = load_model(args.model, options)
+        self.target_precision = target_precision_for(args.target_precision or "auto")
+        if self.target_precision != "none":
+            self.target = lower_precision_copy(
+                self.target, self.target_precision, "target_precision"
+            )
+        found = tokenizer or loaded_tok
+        if found is None:
+            raise RapidInputError("no tokenizer found for the target model; pass tokenizer=")
+        self.tokenizer: PreTrainedTokenizerBase = found
+        self_draft = args.self_draft
+        if self_draft:
+            self.draft, draft_tok = self.target, None
+        else:
+            self.draft, draft_tok = load_model(args.draft_model, draft_options)
+        # The copy the draft runs as ("none": as loaded), what "auto" chose included; a
+        # self-draft of a lower-precision target shares that copy ("auto" is "none" there).
+        self.draft_precision = draft_precision_for(
+            self.draft,
+            args.draft_precision or "auto",
+            self_draft and self.target_precision == "none",
+        )
+        if self.draft_precision != "none":
+            self.draft = lower_precision_copy(self.draft, self.draft_precision)
+        check_cache_layout(self.target, "target")
+        check_cache_layout(self.draft, "draft")
+        for model in {id(m): m for m in (self.target, self.draft)}.values():
+            use_rapid_attention(model)
+        return draft_tok
 
     @classmethod
     def from_default(
@@ -571,6 +578,24 @@ class RapidEngine:
     def _plan(self, prompt: Prompt, options: CallOptions) -> tuple[Plan, RapidStats]:
         """The call planned on this engine's models, config and retriever (`planning.Planner`)."""
         return self.planner.plan(prompt, options, self.config, self.retriever)
+
+
+def _load_tokenizers(
+    tokenizer: Any, draft_tokenizer: Any, tokenizer_kwargs: dict[str, Any] | None
+) -> tuple[PreTrainedTokenizerBase | None, PreTrainedTokenizerBase | None]:
+    """The target's and the draft's tokenizers, loaded where given as a folder or hub id
+    (None: found with the model); `tokenizer_kwargs` apply only to those loaded here."""
+    if tokenizer_kwargs and not (
+        tokenizer is None
+        or any(isinstance(t, (str, os.PathLike)) for t in (tokenizer, draft_tokenizer))
+    ):
+        raise RapidConfigError(
+            "tokenizer_kwargs", "apply when a tokenizer is loaded, not to tokenizer objects"
+        )
+    return (
+        load_tokenizer(tokenizer, tokenizer_kwargs),
+        load_tokenizer(draft_tokenizer, tokenizer_kwargs, "draft_tokenizer"),
+    )
 
 
 def _grounding(plan: Plan) -> Grounding | None:
