@@ -248,3 +248,22 @@ def test_generation_cut_inside_a_character_drops_the_partial_bytes(smol):
     cut = next(i for i in range(1, len(ids)) if tokenizer.decode(ids[:i]).endswith("\ufffd"))
     text = "".join(detok.push(t) for t in ids[:cut]) + detok.finish()
     assert text == detok.text == "ok " and "\ufffd" not in text
+
+
+def test_a_dropped_engine_is_freed_at_once_with_its_caches(tok, target, draft):
+    """No reference cycle holds an engine: the last reference dropped frees it (and the
+    models, caches and prefix cache it owns) without waiting for the cyclic collector, which
+    a server replacing its engine or a notebook rebuilding one would otherwise wait on."""
+    import gc
+    import weakref
+
+    gc.disable()  # a collection in between would hide a cycle
+    try:
+        engine = RapidEngine(target, draft, tokenizer=tok, config=RapidConfig(max_new_tokens=4))
+        engine.generate("abc", tools=None)
+        engine.generate([{"role": "user", "content": "abc"}], mode="lc")
+        dropped = weakref.ref(engine)
+        del engine
+        assert dropped() is None
+    finally:
+        gc.enable()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -37,9 +36,6 @@ if TYPE_CHECKING:
     from rapid_integrations.retrieval.faiss_retriever import FaissContextRetriever
     from rapid_integrations.structured_output.grammar import Grammar
 
-GrammarFor = Callable[[object, Tools | None], "Grammar | None"]
-"""The engine's check and compile of a call's `grammar=` beside its tools (`RapidEngine._grammar`)."""
-
 
 class Planner:
     """Plans the calls of one engine: its tokenizer, its target and draft models (the draft is
@@ -51,19 +47,24 @@ class Planner:
         target: PreTrainedModel,
         draft: PreTrainedModel,
         vocab_size: int,
-        grammar_for: GrammarFor,
     ) -> None:
         self.tokenizer = tokenizer
         self.target = target
         self.draft = draft
         self.vocab_size = vocab_size
-        self.grammar_for = grammar_for
 
     def plan(
-        self, prompt: Prompt, options: CallOptions, config: RapidConfig, engine_retriever: Any
+        self,
+        prompt: Prompt,
+        options: CallOptions,
+        config: RapidConfig,
+        engine_retriever: Any,
+        tools: Tools | None,
+        grammar: Grammar | None,
     ) -> tuple[Plan, RapidStats]:
         """Validate the call, encode both prompts, and choose who decodes what. `config` and
-        `engine_retriever` are the engine's, which the call's options override."""
+        `engine_retriever` are the engine's, which the call's options override; `tools` and
+        `grammar` are the call's, parsed and compiled by the engine."""
         mode, draft_prompt = options.mode, options.draft_prompt
         retriever = options.retriever
         if retriever is ENGINE_RETRIEVER:
@@ -74,8 +75,6 @@ class Planner:
         from_cache = cache_retriever(retriever)
         if from_cache is not None:
             retriever = None
-        tools = Tools.parse(options.tools, options.tool_choice, options.parallel_tool_calls)
-        grammar = self.grammar_for(options.grammar, tools)
         cfg = config.replace(**options.config)
         if mode == "sd":
             cfg = cfg.replace(eta=0.0)

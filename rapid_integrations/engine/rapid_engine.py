@@ -180,9 +180,7 @@ class RapidEngine:
         # that every call on this engine reads the same copies for the same text.
         self.draft_token_price = token_price(self.draft, self.vocab_size, self.draft_decode)
         self.retriever = retriever
-        self.planner = Planner(
-            self.tokenizer, self.target, self.draft, self.vocab_size, self._grammar
-        )
+        self.planner = Planner(self.tokenizer, self.target, self.draft, self.vocab_size)
         self.prefix_cache = PrefixCache()
         self.schedules = ScheduleMemory()
         configs = {
@@ -576,8 +574,11 @@ class RapidEngine:
         )
 
     def _plan(self, prompt: Prompt, options: CallOptions) -> tuple[Plan, RapidStats]:
-        """The call planned on this engine's models, config and retriever (`planning.Planner`)."""
-        return self.planner.plan(prompt, options, self.config, self.retriever)
+        """The call planned on this engine's models, config and retriever (`planning.Planner`),
+        its tools parsed and its grammar compiled here, where the grammar compiler lives."""
+        tools = Tools.parse(options.tools, options.tool_choice, options.parallel_tool_calls)
+        grammar = self._grammar(options.grammar, tools)
+        return self.planner.plan(prompt, options, self.config, self.retriever, tools, grammar)
 
 
 def _load_tokenizers(
