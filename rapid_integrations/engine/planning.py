@@ -4,8 +4,8 @@ The engine hands each call's prompt and `CallOptions` here before anything runs,
 input raises before a forward pass. The plan (`request.Plan`) says which model reads which ids
 under which config. Where C^S comes from the target's own attention (a retriever named in
 `retrieval.attention.CACHE_RETRIEVERS`), the draft's ids wait for the target's prefill: the plan
-carries `after_prefill`, which completes it from the target's cache (docs/algorithm.md section
-2.12).
+carries `after_prefill`, which completes it from the target's cache (docs/retrieval.md, "The
+target's attention as the retriever").
 """
 
 from __future__ import annotations
