@@ -189,12 +189,21 @@ def smol_engine(smol):
 
 
 @pytest.fixture(scope="session")
-def default_engine():
-    """The engine `RapidEngine.from_default()` builds, as a user gets it: SmolLM2 in the
-    machine's default dtype (bf16 here) with the default draft (its int4 copy)."""
+def _default_engine():
     from rapid_integrations import RapidEngine
 
     return RapidEngine.from_default()
+
+
+@pytest.fixture(scope="module")
+def default_engine(_default_engine):
+    """The engine `RapidEngine.from_default()` builds, as a user gets it: SmolLM2 in the
+    machine's default dtype (bf16 here) with the default draft (its int4 copy). Built once a
+    worker; each module starts from an empty prefix cache, since a prefix another module left
+    there would be read instead of computed, which rounds otherwise in bf16, and which modules
+    share a worker varies from run to run."""
+    _default_engine.prefix_cache.clear()
+    return _default_engine
 
 
 @pytest.fixture(scope="session")

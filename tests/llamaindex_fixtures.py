@@ -31,7 +31,7 @@ def embed_model() -> HuggingFaceEmbedding:
     return HuggingFaceEmbedding(model_name=str(default_embedder_path()), device="cpu")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def rapid_llm(default_engine: RapidEngine) -> RapidLLM:
     """A RapidLLM sharing the engine `RapidEngine.from_default()` builds (bf16 SmolLM2, its
     int4 copy drafting)."""
